@@ -1,0 +1,30 @@
+// Built instead of core/cuda/runtime.cu when CUDA is off: no devices, and a clear error if a
+// CUDA device is asked for anyway.
+#include "core/cuda/runtime.h"
+#include "core/errors.h"
+
+namespace replica {
+
+bool cuda_compiled() { return false; }
+
+std::vector<DeviceInfo> cuda_devices(std::string* why) { return cuda::discover(why); }
+
+namespace cuda {
+namespace {
+[[noreturn]] void not_built() {
+  throw CudaError("this replica was built without CUDA; rebuild with -DREPLICA_CUDA=ON on a "
+                  "machine with the CUDA toolkit, or use --devices cpu:N");
+}
+}  // namespace
+
+std::vector<DeviceInfo> discover(std::string* why) {
+  if (why) *why = "replica was built without CUDA (-DREPLICA_CUDA=OFF or no nvcc found)";
+  return {};
+}
+std::unique_ptr<Upstream> make_device_upstream(const Device&) { not_built(); }
+std::unique_ptr<Upstream> make_pinned_upstream() { not_built(); }
+std::unique_ptr<Stream> make_cuda_stream(const Device&) { not_built(); }
+void copy(void*, const void*, size_t, Stream*) { not_built(); }
+
+}  // namespace cuda
+}  // namespace replica

@@ -1,0 +1,145 @@
+// CUDA runtime pieces of core: device discovery, the cudaMalloc and pinned upstreams, streams,
+// events and copies. A machine without a GPU gets an empty device list and a reason, not a crash.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+
+namespace replica {
+
+bool cuda_compiled() { return true; }
+
+std::vector<DeviceInfo> cuda_devices(std::string* why) { return cuda::discover(why); }
+
+namespace cuda {
+
+std::vector<DeviceInfo> discover(std::string* why) {
+  std::vector<DeviceInfo> out;
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    if (why) *why = std::string("no CUDA device is present: ") + cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky error so later calls are not poisoned
+    return out;
+  }
+  if (n == 0 && why) *why = "no CUDA device is present (cudaGetDeviceCount returned 0)";
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    DeviceInfo info;
+    info.device = {DeviceKind::cuda, i};
+    info.name = prop.name;
+    char uuid[64];
+    const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    std::snprintf(uuid, sizeof uuid,
+                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                  u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+                  u[14], u[15]);
+    info.uuid = uuid;
+    info.cc_major = prop.major;
+    info.cc_minor = prop.minor;
+    info.multiprocessors = prop.multiProcessorCount;
+    info.total_memory = prop.totalGlobalMem;
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      info.free_memory = free_b;
+      info.total_memory = total_b;  // a MIG instance reports its slice here
+    }
+    out.push_back(info);
+  }
+  return out;
+}
+
+namespace {
+class DeviceUpstream : public Upstream {
+ public:
+  explicit DeviceUpstream(int index) : index_(index) {
+    REPLICA_CUDA_CHECK(cudaSetDevice(index_));
+    size_t free_b = 0;
+    REPLICA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_));
+  }
+  void* allocate(size_t bytes) override {
+    cudaSetDevice(index_);
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t) override {
+    cudaSetDevice(index_);
+    cudaFree(p);
+  }
+  size_t total_memory() const override { return total_; }
+  std::string name() const override { return "cuda:" + std::to_string(index_); }
+
+ private:
+  int index_;
+  size_t total_ = 0;
+};
+
+class PinnedUpstream : public Upstream {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t) override { cudaFreeHost(p); }
+  size_t total_memory() const override { return host_physical_memory(); }
+  std::string name() const override { return "pinned host"; }
+};
+
+class CudaEvent : public Event {
+ public:
+  CudaEvent() { REPLICA_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  ~CudaEvent() override { cudaEventDestroy(e_); }
+  void synchronize() override { REPLICA_CUDA_CHECK(cudaEventSynchronize(e_)); }
+  bool done() override { return cudaEventQuery(e_) == cudaSuccess; }
+  cudaEvent_t e_{};
+};
+
+class CudaStream : public Stream {
+ public:
+  explicit CudaStream(Device d) : device_(d) {
+    REPLICA_CUDA_CHECK(cudaSetDevice(d.index));
+    REPLICA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+  }
+  ~CudaStream() override { cudaStreamDestroy(s_); }
+  const Device& device() const override { return device_; }
+  void synchronize() override { REPLICA_CUDA_CHECK(cudaStreamSynchronize(s_)); }
+  std::shared_ptr<Event> record() override {
+    auto e = std::make_shared<CudaEvent>();
+    REPLICA_CUDA_CHECK(cudaEventRecord(e->e_, s_));
+    return e;
+  }
+  void wait(Event& e) override {
+    if (auto* ce = dynamic_cast<CudaEvent*>(&e)) REPLICA_CUDA_CHECK(cudaStreamWaitEvent(s_, ce->e_, 0));
+    else e.synchronize();
+  }
+  void* native() const override { return s_; }
+
+ private:
+  Device device_;
+  cudaStream_t s_{};
+};
+}  // namespace
+
+std::unique_ptr<Upstream> make_device_upstream(const Device& d) { return std::make_unique<DeviceUpstream>(d.index); }
+std::unique_ptr<Upstream> make_pinned_upstream() { return std::make_unique<PinnedUpstream>(); }
+std::unique_ptr<Stream> make_cuda_stream(const Device& d) { return std::make_unique<CudaStream>(d); }
+
+void copy(void* dst, const void* src, size_t bytes, Stream* stream) {
+  cudaStream_t s = stream ? static_cast<cudaStream_t>(stream->native()) : nullptr;
+  REPLICA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  if (!stream) REPLICA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+}  // namespace cuda
+}  // namespace replica

@@ -1,0 +1,26 @@
+// The CUDA parts of core, declared without CUDA headers so plain C++ can call them. Built from
+// core/cuda/*.cu when CUDA is on; core/cuda/no_cuda.cpp supplies versions that say CUDA is not
+// built when it is off.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/memory_pool.h"
+#include "core/stream.h"
+
+namespace replica::cuda {
+
+// Visible devices; empty (with the reason in *why) when none.
+std::vector<DeviceInfo> discover(std::string* why);
+// cudaMalloc / cudaFree on one device; total_memory is the device's total (not free) memory.
+std::unique_ptr<Upstream> make_device_upstream(const Device& d);
+// Pinned host memory (cudaMallocHost) for staging copies.
+std::unique_ptr<Upstream> make_pinned_upstream();
+std::unique_ptr<Stream> make_cuda_stream(const Device& d);
+// Copies between host and device memory (or device to device) on `stream`.
+void copy(void* dst, const void* src, size_t bytes, Stream* stream);
+
+}  // namespace replica::cuda

@@ -1,0 +1,110 @@
+// Device-list parsing and host device information (CUDA discovery lives in core/cuda/).
+#include "core/device.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+#include "core/errors.h"
+
+namespace replica {
+
+size_t host_physical_memory() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+int host_core_count() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+DeviceInfo cpu_device_info(int index) {
+  DeviceInfo info;
+  info.device = {DeviceKind::cpu, index};
+  info.name = "host CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto pos = line.find(':');
+      if (pos != std::string::npos) info.name = line.substr(pos + 2);
+      break;
+    }
+  }
+  info.total_memory = host_physical_memory();
+  long avail = sysconf(_SC_AVPHYS_PAGES);
+  info.free_memory = avail > 0 ? static_cast<size_t>(avail) * sysconf(_SC_PAGE_SIZE) : 0;
+  return info;
+}
+
+namespace {
+int parse_int(const std::string& s, const std::string& spec) {
+  try {
+    size_t pos = 0;
+    int v = std::stoi(s, &pos);
+    if (pos != s.size() || v < 0) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    throw ConfigError("devices: '" + spec + "' is not a device list; expected auto, cpu:N, " +
+                      "cuda, cuda:0,1 or cuda:0-3");
+  }
+}
+}  // namespace
+
+std::vector<Device> parse_devices(const std::string& spec) {
+  std::vector<Device> out;
+  if (spec == "auto") {
+    auto gpus = cuda_devices();
+    if (gpus.empty()) return {{DeviceKind::cpu, 0}};
+    for (auto& g : gpus) out.push_back(g.device);
+    return out;
+  }
+  if (spec == "cpu") return {{DeviceKind::cpu, 0}};
+  if (spec.rfind("cpu:", 0) == 0) {
+    int n = parse_int(spec.substr(4), spec);
+    if (n < 1 || n > 1024)
+      throw ConfigError("devices: '" + spec + "' asks for " + std::to_string(n) +
+                        " CPU replicas; use 1 to 1024");
+    for (int i = 0; i < n; ++i) out.push_back({DeviceKind::cpu, i});
+    return out;
+  }
+  if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
+    std::string why;
+    auto gpus = cuda_devices(&why);
+    if (gpus.empty())
+      throw ConfigError("devices: '" + spec + "' asks for GPUs but none is usable (" + why +
+                        "); use --devices cpu:N to train on CPU replicas");
+    if (spec == "cuda") {
+      for (auto& g : gpus) out.push_back(g.device);
+      return out;
+    }
+    std::string list = spec.substr(5);
+    size_t start = 0;
+    while (start <= list.size()) {
+      size_t comma = list.find(',', start);
+      std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      auto dash = item.find('-');
+      int lo, hi;
+      if (dash != std::string::npos) {
+        lo = parse_int(item.substr(0, dash), spec);
+        hi = parse_int(item.substr(dash + 1), spec);
+      } else {
+        lo = hi = parse_int(item, spec);
+      }
+      for (int i = lo; i <= hi; ++i) {
+        if (i >= static_cast<int>(gpus.size()))
+          throw ConfigError("devices: '" + spec + "' names cuda:" + std::to_string(i) + " but only " +
+                            std::to_string(gpus.size()) + " GPU(s) are visible");
+        out.push_back({DeviceKind::cuda, i});
+      }
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return out;
+  }
+  throw ConfigError("devices: '" + spec + "' is not a device list; expected auto, cpu:N, cuda, " +
+                    "cuda:0,1 or cuda:0-3");
+}
+
+}  // namespace replica

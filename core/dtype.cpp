@@ -1,0 +1,84 @@
+// DType names, sizes and bulk conversion.
+#include "core/dtype.h"
+
+#include "core/errors.h"
+
+namespace replica {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f16:
+    case DType::bf16:
+      return 2;
+    case DType::u8:
+      return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::u8: return "u8";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
+  if (s == "f16" || s == "fp16" || s == "float16") return DType::f16;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "i32" || s == "int32") return DType::i32;
+  if (s == "u8" || s == "uint8") return DType::u8;
+  throw ConfigError("unknown dtype '" + s + "'; use fp32, fp16, bf16, i32 or u8");
+}
+
+namespace {
+float load(const void* p, DType t, size_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f16: return half_to_float(static_cast<const Half*>(p)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const BFloat16*>(p)[i]);
+    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::u8: return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
+  }
+  return 0.f;
+}
+void store(void* p, DType t, size_t i, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = v; break;
+    case DType::f16: static_cast<Half*>(p)[i] = float_to_half(v); break;
+    case DType::bf16: static_cast<BFloat16*>(p)[i] = float_to_bf16(v); break;
+    case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+  }
+}
+}  // namespace
+
+void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
+  if (st == dt) {
+    std::memcpy(dst, src, n * dtype_size(st));
+    return;
+  }
+  if (st == DType::f32 && dt == DType::f16) {
+    auto* s = static_cast<const float*>(src);
+    auto* d = static_cast<Half*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = float_to_half(s[i]);
+    return;
+  }
+  if (st == DType::f16 && dt == DType::f32) {
+    auto* s = static_cast<const Half*>(src);
+    auto* d = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = half_to_float(s[i]);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) store(dst, dt, i, load(src, st, i));
+}
+
+}  // namespace replica

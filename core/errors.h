@@ -1,0 +1,60 @@
+// Typed errors of replica. Every message says what went wrong and what the user can change.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace replica {
+
+// Base of every error replica throws; catch this to catch them all.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A setting (environment variable, YAML key, command-line flag) has a value we cannot accept.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Shapes or arguments of an op or layer do not fit together.
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A file is missing, truncated or malformed.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A memory pool could not serve a request; the message carries the pool's state.
+class OutOfMemoryError : public Error {
+ public:
+  OutOfMemoryError(const std::string& msg, size_t requested) : Error(msg), requested_(requested) {}
+  size_t requested() const { return requested_; }
+
+ private:
+  size_t requested_;
+};
+
+// A collective failed, timed out or was aborted because another replica failed.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The CUDA runtime, cuDNN, cuBLAS or NCCL reported an error.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Training diverged (NaN loss, loss scale stuck at its floor, replicas disagreeing).
+class TrainingError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace replica

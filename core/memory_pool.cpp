@@ -1,0 +1,420 @@
+// MemoryPool implementation. Free blocks live in size bins (powers of two of 256 B), each an
+// ordered set by (size, address), so best-fit is a lower_bound in one bin plus a scan of at most
+// kBins bin heads: O(log n). Freed blocks merge with free neighbours at once, so a pool whose
+// allocations are all freed is one block per region again.
+#include "core/memory_pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "core/alloc_trace.h"
+#include "core/errors.h"
+
+namespace replica {
+
+const char* allocator_mode_name(AllocatorMode m) {
+  switch (m) {
+    case AllocatorMode::preallocate: return "preallocate";
+    case AllocatorMode::growth: return "growth";
+    case AllocatorMode::platform: return "platform";
+  }
+  return "?";
+}
+
+AllocatorMode parse_allocator_mode(const std::string& s, const std::string& what) {
+  if (s == "preallocate") return AllocatorMode::preallocate;
+  if (s == "growth") return AllocatorMode::growth;
+  if (s == "platform") return AllocatorMode::platform;
+  throw ConfigError(what + ": '" + s + "' is not an allocator mode; use preallocate, growth or platform");
+}
+
+const char* mem_tag_name(MemTag t) {
+  static const char* names[] = {"params", "grads", "optimizer", "activations", "workspace", "comm", "other"};
+  return names[static_cast<int>(t)];
+}
+
+std::string format_bytes(size_t b) {
+  char buf[64];
+  double v = static_cast<double>(b);
+  if (b >= (size_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1 << 30));
+  else if (b >= (size_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", v / (1 << 20));
+  else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", v / 1024);
+  else std::snprintf(buf, sizeof buf, "%zu B", b);
+  return buf;
+}
+
+// ---- upstreams ----------------------------------------------------------------------------
+
+void* HostUpstream::allocate(size_t bytes) {
+  size_t rounded = (bytes + 4095) & ~size_t(4095);
+  return std::aligned_alloc(4096, rounded);
+}
+void HostUpstream::deallocate(void* p, size_t) { std::free(p); }
+size_t HostUpstream::total_memory() const { return host_physical_memory(); }
+
+void* SimulatedUpstream::allocate(size_t bytes) {
+  if (outstanding_ + bytes > total_) return nullptr;
+  void* p = reinterpret_cast<void*>(next_);
+  next_ += (bytes + 4095) & ~uintptr_t(4095);
+  outstanding_ += bytes;
+  calls_++;
+  return p;
+}
+void SimulatedUpstream::deallocate(void*, size_t bytes) { outstanding_ -= bytes; }
+
+// ---- settings from the environment --------------------------------------------------------
+
+void validate_fraction(double f, const std::string& what) {
+  if (!(f > 0.0 && f <= 1.0))
+    throw ConfigError(what + ": " + std::to_string(f) +
+                      " is not a memory fraction; use a number in (0, 1], e.g. 0.75");
+}
+
+PoolOptions pool_options_from_env(PoolOptions o, const char* (*getenv_fn)(const char*)) {
+  auto get = [&](const char* name) -> const char* {
+    return getenv_fn ? getenv_fn(name) : std::getenv(name);
+  };
+  if (const char* v = get("REPLICA_PREALLOCATE")) {
+    std::string s = v;
+    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+    if (s == "true" || s == "1" || s == "yes") o.mode = AllocatorMode::preallocate;
+    else if (s == "false" || s == "0" || s == "no") o.mode = AllocatorMode::growth;
+    else
+      throw ConfigError("REPLICA_PREALLOCATE='" + std::string(v) +
+                        "' is not a boolean; use true or false (false = grow on demand)");
+    o.mode_source = "REPLICA_PREALLOCATE";
+  }
+  if (const char* v = get("REPLICA_ALLOCATOR")) {
+    std::string s = v;
+    if (s == "platform") {
+      o.mode = AllocatorMode::platform;
+    } else if (s == "bfc" || s == "default" || s == "pool") {
+      if (o.mode == AllocatorMode::platform) o.mode = AllocatorMode::growth;
+    } else {
+      throw ConfigError("REPLICA_ALLOCATOR='" + s +
+                        "' is not an allocator; use default (the pool) or platform "
+                        "(every allocation straight from the device, for debugging)");
+    }
+    o.mode_source = "REPLICA_ALLOCATOR";
+  }
+  if (const char* v = get("REPLICA_MEM_FRACTION")) {
+    char* end = nullptr;
+    double f = std::strtod(v, &end);
+    if (end == v || *end != '\0')
+      throw ConfigError("REPLICA_MEM_FRACTION='" + std::string(v) +
+                        "' is not a number; use a fraction in (0, 1], e.g. 0.75");
+    validate_fraction(f, "REPLICA_MEM_FRACTION");
+    o.fraction = f;
+    o.fraction_source = "REPLICA_MEM_FRACTION";
+  }
+  return o;
+}
+
+// ---- the pool ------------------------------------------------------------------------------
+
+MemoryPool::MemoryPool(Device device, std::unique_ptr<Upstream> upstream, PoolOptions options)
+    : device_(device), upstream_(std::move(upstream)), options_(options) {
+  if (options_.bytes == 0) validate_fraction(options_.fraction, "memory.fraction (" + options_.fraction_source + ")");
+  size_t total = upstream_->total_memory();
+  capacity_ = options_.bytes ? options_.bytes
+                             : static_cast<size_t>(static_cast<double>(total) * options_.fraction);
+  capacity_ &= ~(kGranularity - 1);
+  st_.capacity = capacity_;
+  next_region_ = std::max<size_t>(options_.growth_initial, kGranularity);
+  if (options_.mode == AllocatorMode::preallocate) {
+    if (!add_region(capacity_)) {
+      throw OutOfMemoryError(
+          "could not preallocate " + format_bytes(capacity_) + " on " + device_.str() + " (" +
+              upstream_->name() + ", total " + format_bytes(total) +
+              "): that much is not free, perhaps another process holds it. Lower the fraction "
+              "(memory.fraction / REPLICA_MEM_FRACTION) or grow on demand "
+              "(memory.mode: growth / REPLICA_PREALLOCATE=false).",
+          capacity_);
+    }
+  }
+}
+
+MemoryPool::~MemoryPool() {
+  if (options_.mode == AllocatorMode::platform) {
+    for (auto& [p, b] : live_) upstream_->deallocate(p, b->size);
+  }
+  for (auto& [p, n] : regions_) upstream_->deallocate(p, n);
+}
+
+int MemoryPool::bin_of(size_t size) {
+  size_t units = size / kGranularity;
+  int b = 63 - __builtin_clzll(units | 1);
+  return std::min(b, kBins - 1);
+}
+
+MemoryPool::Block* MemoryPool::new_block() {
+  if (spare_blocks_.empty()) {
+    constexpr size_t kSlab = 256;
+    block_slabs_.emplace_back(new Block[kSlab]);
+    for (size_t i = 0; i < kSlab; ++i) spare_blocks_.push_back(&block_slabs_.back()[i]);
+  }
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *b = Block{};
+  return b;
+}
+void MemoryPool::recycle(Block* b) { spare_blocks_.push_back(b); }
+void MemoryPool::insert_free(Block* b) { bins_[bin_of(b->size)].insert(b); }
+void MemoryPool::erase_free(Block* b) { bins_[bin_of(b->size)].erase(b); }
+
+MemoryPool::Block* MemoryPool::find_best_fit(size_t size) {
+  Block key;
+  key.size = size;
+  key.ptr = nullptr;
+  for (int bin = bin_of(size); bin < kBins; ++bin) {
+    auto& set = bins_[bin];
+    if (set.empty()) continue;
+    auto it = set.lower_bound(&key);
+    if (it != set.end()) return *it;  // the first fit in a higher bin is that bin's smallest
+  }
+  return nullptr;
+}
+
+bool MemoryPool::add_region(size_t min_bytes) {
+  if (st_.reserved + min_bytes > capacity_) return false;
+  size_t bytes = min_bytes;
+  if (options_.mode == AllocatorMode::growth) {
+    bytes = std::max(next_region_, min_bytes);
+    bytes = std::min(bytes, capacity_ - st_.reserved);
+    bytes &= ~(kGranularity - 1);
+    if (bytes < min_bytes) return false;
+  }
+  void* p = upstream_->allocate(bytes);
+  st_.upstream_calls++;
+  if (!p) return false;
+  regions_.emplace_back(static_cast<char*>(p), bytes);
+  Block* b = new_block();
+  b->ptr = static_cast<char*>(p);
+  b->size = bytes;
+  insert_free(b);
+  st_.reserved += bytes;
+  st_.regions++;
+  st_.peak_reserved = std::max(st_.peak_reserved, st_.reserved);
+  if (options_.mode == AllocatorMode::growth) next_region_ = std::max(next_region_, bytes) * 2;
+  return true;
+}
+
+void MemoryPool::on_alloc(size_t rounded, size_t requested, MemTag tag, void* p) {
+  st_.in_use += rounded;
+  st_.requested += requested;
+  st_.peak_in_use = std::max(st_.peak_in_use, st_.in_use);
+  st_.allocs++;
+  auto& t = st_.tags[static_cast<int>(tag)];
+  t.in_use += rounded;
+  t.peak_in_use = std::max(t.peak_in_use, t.in_use);
+  t.allocs++;
+  for (auto& s : scopes_) {
+    s.peak_in_use = std::max(s.peak_in_use, st_.in_use);
+    s.allocs++;
+  }
+  if (trace_) trace_->record(true, p, requested, tag, step_);
+}
+
+void MemoryPool::on_free(size_t rounded, size_t requested, MemTag tag, void* p) {
+  st_.in_use -= rounded;
+  st_.requested -= requested;
+  st_.frees++;
+  st_.tags[static_cast<int>(tag)].in_use -= rounded;
+  if (trace_) trace_->record(false, p, requested, tag, step_);
+}
+
+void* MemoryPool::allocate(size_t bytes, MemTag tag) {
+  size_t rounded = std::max(kGranularity, (bytes + kGranularity - 1) & ~(kGranularity - 1));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.mode == AllocatorMode::platform) {
+    void* p = st_.reserved + rounded <= capacity_ ? upstream_->allocate(rounded) : nullptr;
+    st_.upstream_calls++;
+    if (!p) throw_oom(bytes, rounded, tag);
+    Block* b = new_block();
+    b->ptr = static_cast<char*>(p);
+    b->size = rounded;
+    b->free = false;
+    b->tag = tag;
+    b->requested = bytes;
+    live_[p] = b;
+    st_.reserved += rounded;
+    st_.peak_reserved = std::max(st_.peak_reserved, st_.reserved);
+    on_alloc(rounded, bytes, tag, p);
+    return p;
+  }
+  Block* b = find_best_fit(rounded);
+  if (!b) {
+    if (options_.mode == AllocatorMode::growth && add_region(rounded)) b = find_best_fit(rounded);
+    if (!b) throw_oom(bytes, rounded, tag);
+  }
+  erase_free(b);
+  if (b->size - rounded >= kGranularity) {  // split: the tail stays free
+    Block* rest = new_block();
+    rest->ptr = b->ptr + rounded;
+    rest->size = b->size - rounded;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = rounded;
+    insert_free(rest);
+  }
+  b->free = false;
+  b->tag = tag;
+  b->requested = bytes;
+  live_[b->ptr] = b;
+  on_alloc(b->size, bytes, tag, b->ptr);
+  return b->ptr;
+}
+
+void MemoryPool::deallocate(void* p) {
+  if (!p) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end())
+    throw Error("MemoryPool(" + device_.str() + "): deallocate of a pointer this pool did not hand out");
+  Block* b = it->second;
+  live_.erase(it);
+  on_free(b->size, b->requested, b->tag, p);
+  if (options_.mode == AllocatorMode::platform) {
+    upstream_->deallocate(p, b->size);
+    st_.reserved -= b->size;
+    recycle(b);
+    return;
+  }
+  b->free = true;
+  if (b->next && b->next->free) {  // merge the right neighbour into b
+    Block* n = b->next;
+    erase_free(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    recycle(n);
+  }
+  if (b->prev && b->prev->free) {  // merge b into the left neighbour
+    Block* l = b->prev;
+    erase_free(l);
+    l->size += b->size;
+    l->next = b->next;
+    if (b->next) b->next->prev = l;
+    recycle(b);
+    b = l;
+  }
+  insert_free(b);
+}
+
+size_t MemoryPool::largest_free_locked() const {
+  if (options_.mode == AllocatorMode::platform) {
+    return capacity_ - st_.reserved;
+  }
+  for (int bin = kBins - 1; bin >= 0; --bin)
+    if (!bins_[bin].empty()) return (*bins_[bin].rbegin())->size;
+  return 0;
+}
+
+PoolStats MemoryPool::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  PoolStats s = st_;
+  s.largest_free = largest_free_locked();
+  s.total_free = options_.mode == AllocatorMode::platform ? capacity_ - s.reserved : s.reserved - s.in_use;
+  s.fragmentation = s.total_free ? 1.0 - static_cast<double>(s.largest_free) / s.total_free : 0.0;
+  return s;
+}
+
+void MemoryPool::reset_peaks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  st_.peak_in_use = st_.in_use;
+  st_.peak_reserved = st_.reserved;
+  for (auto& t : st_.tags) t.peak_in_use = t.in_use;
+}
+
+void MemoryPool::push_scope() {
+  std::lock_guard<std::mutex> lock(mu_);
+  scopes_.push_back({st_.in_use, st_.in_use, st_.in_use, 0});
+}
+
+ScopeStats MemoryPool::pop_scope() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (scopes_.empty()) throw Error("MemoryPool::pop_scope without push_scope");
+  ScopeStats s = scopes_.back();
+  scopes_.pop_back();
+  s.end_in_use = st_.in_use;
+  return s;
+}
+
+void MemoryPool::set_trace(AllocTrace* trace) {
+  std::lock_guard<std::mutex> lock(mu_);
+  trace_ = trace;
+}
+void MemoryPool::set_step(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_ = step;
+}
+
+size_t MemoryPool::release_unused() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.mode != AllocatorMode::growth) return 0;
+  size_t released = 0;
+  for (size_t i = 0; i < regions_.size();) {
+    auto [ptr, n] = regions_[i];
+    Block* whole = nullptr;
+    for (auto* b : bins_[bin_of(n)])
+      if (b->ptr == ptr && b->size == n) whole = b;
+    if (whole) {
+      erase_free(whole);
+      recycle(whole);
+      upstream_->deallocate(ptr, n);
+      st_.reserved -= n;
+      st_.regions--;
+      released += n;
+      regions_.erase(regions_.begin() + i);
+    } else {
+      ++i;
+    }
+  }
+  return released;
+}
+
+std::string MemoryPool::describe() const {
+  std::ostringstream os;
+  os << allocator_mode_name(options_.mode) << " ";
+  if (options_.mode == AllocatorMode::preallocate) os << format_bytes(capacity_) << " taken at start";
+  else os << "up to " << format_bytes(capacity_);
+  if (options_.bytes) os << " (memory.bytes)";
+  else os << " (" << options_.fraction << " of " << format_bytes(upstream_->total_memory()) << " " << upstream_->name() << ")";
+  return os.str();
+}
+
+void MemoryPool::throw_oom(size_t bytes, size_t rounded, MemTag tag) {
+  st_.ooms++;
+  size_t largest = largest_free_locked();
+  size_t total_free = options_.mode == AllocatorMode::platform ? capacity_ - st_.reserved
+                      : options_.mode == AllocatorMode::growth ? capacity_ - st_.in_use
+                                                              : st_.reserved - st_.in_use;
+  double frag = total_free ? 1.0 - static_cast<double>(largest) / total_free : 0.0;
+  std::array<int, kNumTags> order;
+  for (int i = 0; i < kNumTags; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return st_.tags[a].in_use > st_.tags[b].in_use; });
+  std::ostringstream os;
+  os << "out of memory on " << device_.str() << ": could not allocate " << format_bytes(bytes)
+     << " (" << rounded << " B rounded) for " << mem_tag_name(tag) << ". Pool: "
+     << allocator_mode_name(options_.mode) << ", capacity " << format_bytes(capacity_) << ", in use "
+     << format_bytes(st_.in_use) << ", free " << format_bytes(total_free) << ", largest free block "
+     << format_bytes(largest) << ", fragmentation " << static_cast<int>(frag * 100 + 0.5) << "%. Biggest tags:";
+  for (int i = 0; i < 3; ++i)
+    if (st_.tags[order[i]].in_use)
+      os << " " << mem_tag_name(static_cast<MemTag>(order[i])) << " " << format_bytes(st_.tags[order[i]].in_use);
+  os << ". ";
+  if (total_free >= rounded)
+    os << "Enough memory is free in total but not in one piece (fragmentation). ";
+  os << "To fit: use a smaller train.micro_batch with more accumulation steps, train.precision: "
+        "fp16 or bf16, model.checkpoint: blocks, or a larger memory.fraction (now "
+     << options_.fraction << ", from " << options_.fraction_source << ").";
+  throw OutOfMemoryError(os.str(), bytes);
+}
+
+}  // namespace replica

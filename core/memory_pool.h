@@ -1,0 +1,189 @@
+// MemoryPool: the per-device allocator every replica owns. Three modes (preallocate, growth,
+// platform), best-fit with coalescing over size bins, stats by tag, actionable OOM errors and an
+// optional event trace. Thread safe.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/device.h"
+
+namespace replica {
+
+enum class AllocatorMode { preallocate, growth, platform };
+const char* allocator_mode_name(AllocatorMode m);
+AllocatorMode parse_allocator_mode(const std::string& s, const std::string& what);
+
+// What an allocation is for; stats are split by it.
+enum class MemTag : uint8_t { params, grads, optimizer, activations, workspace, comm, other };
+constexpr int kNumTags = 7;
+const char* mem_tag_name(MemTag t);
+
+// Where a pool's memory comes from (rmm's "upstream resource").
+class Upstream {
+ public:
+  virtual ~Upstream() = default;
+  // Returns nullptr when the memory is not available (the pool turns that into an OOM error).
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* p, size_t bytes) = 0;
+  // The device's total memory, the base of `fraction`.
+  virtual size_t total_memory() const = 0;
+  virtual std::string name() const = 0;
+};
+
+// Page-aligned host memory.
+class HostUpstream : public Upstream {
+ public:
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p, size_t bytes) override;
+  size_t total_memory() const override;
+  std::string name() const override { return "host"; }
+};
+
+// Hands out fake, never-dereferenced addresses: tests pool policy at any size without memory.
+class SimulatedUpstream : public Upstream {
+ public:
+  explicit SimulatedUpstream(size_t total) : total_(total) {}
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p, size_t bytes) override;
+  size_t total_memory() const override { return total_; }
+  std::string name() const override { return "simulated"; }
+  size_t outstanding() const { return outstanding_; }
+  size_t calls() const { return calls_; }
+
+ private:
+  size_t total_;
+  uintptr_t next_ = 1ull << 40;
+  size_t outstanding_ = 0, calls_ = 0;
+};
+
+struct PoolOptions {
+  AllocatorMode mode = AllocatorMode::growth;
+  double fraction = 0.75;   // of the device's total memory: the preallocated region or the limit
+  size_t bytes = 0;         // absolute capacity; overrides fraction when non-zero
+  size_t growth_initial = size_t(2) << 20;  // first region in growth mode (doubles after)
+  // Where each setting came from, for error messages ("REPLICA_MEM_FRACTION", "memory.fraction").
+  std::string mode_source = "default", fraction_source = "default";
+};
+
+// Applies REPLICA_PREALLOCATE, REPLICA_MEM_FRACTION, REPLICA_ALLOCATOR (JAX's
+// XLA_PYTHON_CLIENT_* counterparts) over `base`. An invalid value throws ConfigError naming the
+// variable and what it accepts. `getenv` is injectable for tests.
+PoolOptions pool_options_from_env(PoolOptions base,
+                                  const char* (*getenv_fn)(const char*) = nullptr);
+void validate_fraction(double f, const std::string& what);
+
+struct TagStats {
+  size_t in_use = 0, peak_in_use = 0;
+  size_t allocs = 0;
+};
+
+struct PoolStats {
+  size_t in_use = 0;         // bytes handed out (rounded to the granularity)
+  size_t requested = 0;      // bytes asked for (unrounded)
+  size_t peak_in_use = 0;
+  size_t reserved = 0;       // bytes taken from the upstream
+  size_t peak_reserved = 0;
+  size_t capacity = 0;       // the most this pool may reserve
+  size_t largest_free = 0;   // largest block that one allocation could get without growing
+  size_t total_free = 0;     // reserved - in_use
+  double fragmentation = 0;  // 1 - largest_free / total_free (0 when nothing is free)
+  size_t allocs = 0, frees = 0, ooms = 0, regions = 0, upstream_calls = 0;
+  std::array<TagStats, kNumTags> tags{};
+};
+
+// Peak and count over a phase (push_scope ... pop_scope).
+struct ScopeStats {
+  size_t start_in_use = 0, peak_in_use = 0, end_in_use = 0, allocs = 0;
+  size_t peak_delta() const { return peak_in_use - start_in_use; }
+};
+
+class AllocTrace;
+
+class MemoryPool {
+ public:
+  static constexpr size_t kGranularity = 256;
+
+  MemoryPool(Device device, std::unique_ptr<Upstream> upstream, PoolOptions options);
+  ~MemoryPool();
+  MemoryPool(const MemoryPool&) = delete;
+  MemoryPool& operator=(const MemoryPool&) = delete;
+
+  // Returns 256-byte aligned memory; throws OutOfMemoryError (pool stays usable).
+  void* allocate(size_t bytes, MemTag tag);
+  void deallocate(void* p);
+
+  PoolStats stats() const;
+  void reset_peaks();
+  void push_scope();
+  ScopeStats pop_scope();
+
+  // Optional event trace; the pool does not own it. `step` labels events.
+  void set_trace(AllocTrace* trace);
+  void set_step(int64_t step);
+
+  // Frees regions that are entirely unused (growth mode); returns the bytes released.
+  size_t release_unused();
+
+  const Device& device() const { return device_; }
+  const PoolOptions& options() const { return options_; }
+  size_t capacity() const { return capacity_; }
+  std::string describe() const;  // "preallocate 1.5 GiB (0.75 of 2 GiB host)"
+
+ private:
+  struct Block {
+    char* ptr = nullptr;
+    size_t size = 0;
+    bool free = true;
+    Block* prev = nullptr;  // neighbours by address inside one region
+    Block* next = nullptr;
+    MemTag tag = MemTag::other;
+    size_t requested = 0;
+  };
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+  static constexpr int kBins = 48;
+  static int bin_of(size_t size);
+
+  Block* new_block();
+  void recycle(Block* b);
+  void insert_free(Block* b);
+  void erase_free(Block* b);
+  Block* find_best_fit(size_t size);
+  bool add_region(size_t min_bytes);
+  [[noreturn]] void throw_oom(size_t bytes, size_t rounded, MemTag tag);
+  void on_alloc(size_t rounded, size_t requested, MemTag tag, void* p);
+  void on_free(size_t rounded, size_t requested, MemTag tag, void* p);
+  size_t largest_free_locked() const;
+
+  Device device_;
+  std::unique_ptr<Upstream> upstream_;
+  PoolOptions options_;
+  size_t capacity_ = 0;
+  size_t next_region_ = 0;
+
+  mutable std::mutex mu_;
+  std::array<std::set<Block*, BySize>, kBins> bins_;
+  std::unordered_map<void*, Block*> live_;
+  std::vector<std::pair<char*, size_t>> regions_;
+  std::vector<std::unique_ptr<Block[]>> block_slabs_;
+  std::vector<Block*> spare_blocks_;
+  PoolStats st_;
+  std::vector<ScopeStats> scopes_;
+  AllocTrace* trace_ = nullptr;
+  int64_t step_ = 0;
+};
+
+std::string format_bytes(size_t bytes);
+
+}  // namespace replica

@@ -1,0 +1,86 @@
+// Tensor and Storage: pool-backed blocks and zero-cost views.
+#include "core/tensor.h"
+
+#include <cstring>
+
+#include "core/cuda/runtime.h"
+#include "core/errors.h"
+
+namespace replica {
+
+Storage::Storage(MemoryPool* pool, size_t bytes, MemTag tag)
+    : pool_(pool), bytes_(bytes), tag_(tag), device_(pool->device()) {
+  data_ = pool_->allocate(bytes, tag);
+}
+Storage::Storage(void* external, size_t bytes, Device device)
+    : data_(external), bytes_(bytes), device_(device) {}
+Storage::~Storage() {
+  if (pool_) pool_->deallocate(data_);
+}
+
+Tensor Tensor::empty(MemoryPool& pool, Shape shape, DType dtype, MemTag tag) {
+  Tensor t;
+  size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  t.storage_ = std::make_shared<Storage>(&pool, bytes, tag);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::zeros(MemoryPool& pool, Shape shape, DType dtype, MemTag tag) {
+  if (pool.device().kind != DeviceKind::cpu)
+    throw Error("Tensor::zeros is for CPU pools; on " + pool.device().str() + " use ops::fill");
+  Tensor t = empty(pool, shape, dtype, tag);
+  std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::wrap(void* data, Shape shape, DType dtype, Device device) {
+  Tensor t;
+  size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  t.storage_ = std::make_shared<Storage>(data, bytes, device);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::view(int64_t elem_offset, Shape shape) const {
+  size_t off = offset_ + static_cast<size_t>(elem_offset) * dtype_size(dtype_);
+  size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype_);
+  if (elem_offset < 0 || off + bytes > storage_->bytes())
+    throw ShapeError("Tensor::view: " + shape.str() + " at element " + std::to_string(elem_offset) +
+                     " runs past the end of a block of " + std::to_string(storage_->bytes()) + " bytes");
+  Tensor t = *this;
+  t.offset_ = off;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  if (shape.numel() != numel())
+    throw ShapeError("Tensor::reshape: " + shape_.str() + " has " + std::to_string(numel()) +
+                     " elements, " + shape.str() + " has " + std::to_string(shape.numel()));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+std::string Tensor::str() const {
+  std::string s = dtype_name(dtype_);
+  s += shape_.str();
+  s += '@';
+  s += storage_ ? device().str() : std::string("none");
+  return s;
+}
+
+void copy_tensor(const Tensor& src, const Tensor& dst, Stream* stream) {
+  if (src.nbytes() != dst.nbytes())
+    throw ShapeError("copy_tensor: " + src.str() + " and " + dst.str() + " differ in size");
+  if (src.device().kind == DeviceKind::cpu && dst.device().kind == DeviceKind::cpu) {
+    std::memmove(dst.raw(), src.raw(), src.nbytes());
+    return;
+  }
+  cuda::copy(dst.raw(), src.raw(), src.nbytes(), stream);
+}
+
+}  // namespace replica

@@ -1,0 +1,63 @@
+// Geometry validation shared by every backend, and the run-time choice of backend.
+#include "ops/backend.h"
+
+#include "core/errors.h"
+#include "ops/cpu/cpu_backend.h"
+#include "ops/cuda/cuda_backend.h"
+
+namespace replica::ops {
+
+ConvGeom ConvGeom::make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t stride,
+                        int64_t pad, const std::string& who) {
+  if (x.rank() != 4)
+    throw ShapeError(who + ": expected NHWC input of rank 4, got " + x.str());
+  if (stride < 1) throw ShapeError(who + ": stride must be >= 1, got " + std::to_string(stride));
+  if (pad < 0) throw ShapeError(who + ": padding must be >= 0, got " + std::to_string(pad));
+  if (x[0] < 1) throw ShapeError(who + ": empty batch " + x.str());
+  ConvGeom g;
+  g.N = x[0];
+  g.H = x[1];
+  g.W = x[2];
+  g.C = x[3];
+  g.K = K;
+  g.R = R;
+  g.S = S;
+  g.stride = stride;
+  g.pad = pad;
+  g.P = (g.H + 2 * pad - R) / stride + 1;
+  g.Q = (g.W + 2 * pad - S) / stride + 1;
+  if (g.H + 2 * pad < R || g.W + 2 * pad < S || g.P < 1 || g.Q < 1)
+    throw ShapeError(who + ": input " + x.str() + " is smaller than the " + std::to_string(R) + "x" +
+                     std::to_string(S) + " kernel with padding " + std::to_string(pad));
+  return g;
+}
+
+PoolGeom PoolGeom::make(const Shape& x, int64_t window, int64_t stride, int64_t pad,
+                        const std::string& who) {
+  if (x.rank() != 4) throw ShapeError(who + ": expected NHWC input of rank 4, got " + x.str());
+  if (stride < 1 || window < 1)
+    throw ShapeError(who + ": window and stride must be >= 1");
+  if (x[0] < 1) throw ShapeError(who + ": empty batch " + x.str());
+  PoolGeom g;
+  g.N = x[0];
+  g.H = x[1];
+  g.W = x[2];
+  g.C = x[3];
+  g.window = window;
+  g.stride = stride;
+  g.pad = pad;
+  g.P = (g.H + 2 * pad - window) / stride + 1;
+  g.Q = (g.W + 2 * pad - window) / stride + 1;
+  if (g.P < 1 || g.Q < 1) throw ShapeError(who + ": input " + x.str() + " is smaller than the window");
+  return g;
+}
+
+Backend& backend_for(const Device& d) {
+  if (d.kind == DeviceKind::cpu) {
+    static CpuBackend cpu;
+    return cpu;
+  }
+  return cuda_backend();
+}
+
+}  // namespace replica::ops

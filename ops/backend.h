@@ -1,0 +1,109 @@
+// The narrow op interface: every kernel a layer, loss or optimizer needs, once per device kind.
+// ops/cpu/ implements it with Eigen; ops/cuda/ with cuDNN, cuBLAS and small kernels. A replica
+// gets its backend from its device at run time (backend_for), so both live in one binary.
+#pragma once
+#include <functional>
+#include <string>
+
+#include "core/memory_pool.h"
+#include "core/tensor.h"
+
+namespace replica::ops {
+
+// Geometry of a 2-D convolution on NHWC input [N,H,W,C] with KRSC filters [K,R,S,C] giving
+// [N,P,Q,K].
+struct ConvGeom {
+  int64_t N = 0, H = 0, W = 0, C = 0;
+  int64_t K = 0, R = 0, S = 0;
+  int64_t stride = 1, pad = 0;
+  int64_t P = 0, Q = 0;
+  // Fills P and Q, validating; `who` names the layer in errors.
+  static ConvGeom make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t stride,
+                       int64_t pad, const std::string& who);
+};
+
+struct PoolGeom {
+  int64_t N = 0, H = 0, W = 0, C = 0, window = 3, stride = 2, pad = 1, P = 0, Q = 0;
+  static PoolGeom make(const Shape& x, int64_t window, int64_t stride, int64_t pad,
+                       const std::string& who);
+};
+
+// Sums a float buffer across replicas in place (sync batch-norm); empty when not synchronized.
+using AllReduceFn = std::function<void(float* data, size_t n)>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Convolution. backward_filter accumulates into dw (+=) so micro-batches add up.
+  virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
+                              MemoryPool& ws) = 0;
+  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
+                                    const ConvGeom& g, MemoryPool& ws) = 0;
+  virtual void conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
+                                      const ConvGeom& g, MemoryPool& ws) = 0;
+
+  // Batch norm over N*H*W per channel (last dim). Train: batch statistics (summed across
+  // replicas by `allreduce` when given), saves mean and inverse std, updates running stats with
+  // the unbiased variance (PyTorch's convention). dgamma/dbeta accumulate (+=).
+  virtual void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& y, const Tensor& save_mean,
+                                       const Tensor& save_invstd, const Tensor& running_mean,
+                                       const Tensor& running_var, float momentum, float eps,
+                                       const AllReduceFn& allreduce) = 0;
+  virtual void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& y, const Tensor& running_mean,
+                                      const Tensor& running_var, float eps) = 0;
+  virtual void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                                  const AllReduceFn& allreduce) = 0;
+
+  // Elementwise. relu_backward masks with the forward output y.
+  virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
+  virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  // y += alpha * x
+  virtual void axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
+  virtual void fill(const Tensor& y, float value) = 0;
+  virtual void scale(const Tensor& y, float alpha) = 0;
+
+  // Pooling. maxpool saves the argmax (i32, index into the image's H*W) for backward.
+  virtual void maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
+                               const PoolGeom& g) = 0;
+  virtual void maxpool_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx,
+                                const PoolGeom& g) = 0;
+  virtual void global_avgpool_forward(const Tensor& x, const Tensor& y) = 0;  // [N,H,W,C]->[N,C]
+  virtual void global_avgpool_backward(const Tensor& dy, const Tensor& dx) = 0;
+
+  // Linear: y[N,O] = x[N,I] w[O,I]^T + b[O]. backward accumulates dw, db.
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                              const Tensor& y) = 0;
+  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                               const Tensor& dx, const Tensor& dw, const Tensor& db) = 0;
+
+  // Softmax cross-entropy on f32 logits [N,K] and i32 labels [N]: writes probabilities, returns
+  // the summed loss and the number of correct argmax predictions.
+  struct LossResult {
+    double loss_sum = 0;
+    int64_t correct = 0;
+  };
+  virtual LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels,
+                                          const Tensor& probs) = 0;
+  // dlogits = (probs - onehot(labels)) * scale
+  virtual void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
+                                     const Tensor& dlogits) = 0;
+
+  // Converts between f32, f16 and bf16 (round to nearest even).
+  virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+
+  // Sum of squares of a float buffer (for grad norms and checksums), in double.
+  virtual double sum_squares(const Tensor& x) = 0;
+};
+
+// The backend for a device (one shared instance per kind). Throws on a CUDA device when CUDA is
+// not built.
+Backend& backend_for(const Device& d);
+
+}  // namespace replica::ops

@@ -1,0 +1,51 @@
+// CPU backend: Eigen GEMMs behind im2col on NHWC, plain loops for the rest. Single-threaded per
+// call: data parallelism puts one replica on each core, so kernels do not spawn threads.
+#pragma once
+#include "ops/backend.h"
+
+namespace replica::ops {
+
+class CpuBackend : public Backend {
+ public:
+  std::string name() const override { return "cpu (Eigen)"; }
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
+                      MemoryPool& ws) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, const ConvGeom& g,
+                            MemoryPool& ws) override;
+  void conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
+                              const ConvGeom& g, MemoryPool& ws) override;
+  void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
+                               const Tensor& running_mean, const Tensor& running_var,
+                               float momentum, float eps, const AllReduceFn& allreduce) override;
+  void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              const Tensor& y, const Tensor& running_mean,
+                              const Tensor& running_var, float eps) override;
+  void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                          const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                          const Tensor& dgamma, const Tensor& dbeta,
+                          const AllReduceFn& allreduce) override;
+  void relu_forward(const Tensor& x, const Tensor& y) override;
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void axpy(float alpha, const Tensor& x, const Tensor& y) override;
+  void fill(const Tensor& y, float value) override;
+  void scale(const Tensor& y, float alpha) override;
+  void maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
+                       const PoolGeom& g) override;
+  void maxpool_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx,
+                        const PoolGeom& g) override;
+  void global_avgpool_forward(const Tensor& x, const Tensor& y) override;
+  void global_avgpool_backward(const Tensor& dy, const Tensor& dx) override;
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db) override;
+  LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels,
+                                  const Tensor& probs) override;
+  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
+                             const Tensor& dlogits) override;
+  void cast(const Tensor& src, const Tensor& dst) override;
+  double sum_squares(const Tensor& x) override;
+};
+
+}  // namespace replica::ops

@@ -1,0 +1,318 @@
+// CPU kernels other than convolution: batch norm, elementwise, pooling, linear, loss, cast.
+// Per-channel reductions accumulate in double so gradient checks and replica equivalence are not
+// at the mercy of float summation order.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/errors.h"
+#include "ops/cpu/cpu_backend.h"
+
+namespace replica::ops {
+namespace {
+
+using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MapR = Eigen::Map<MatR>;
+using CMapR = Eigen::Map<const MatR>;
+
+void require_f32(const Tensor& t, const char* who) {
+  if (t.dtype() != DType::f32)
+    throw ShapeError(std::string(who) + ": expected f32, got " + t.str());
+}
+void require_same(const Tensor& a, const Tensor& b, const char* who) {
+  if (a.numel() != b.numel())
+    throw ShapeError(std::string(who) + ": " + a.str() + " and " + b.str() + " differ in size");
+}
+
+// Sums `buf` across replicas when a reduction is given; doubles travel as floats.
+void reduce(std::vector<double>& buf, const AllReduceFn& allreduce) {
+  if (!allreduce) return;
+  std::vector<float> f(buf.begin(), buf.end());
+  allreduce(f.data(), f.size());
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = f[i];
+}
+
+}  // namespace
+
+void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         const Tensor& y, const Tensor& save_mean,
+                                         const Tensor& save_invstd, const Tensor& running_mean,
+                                         const Tensor& running_var, float momentum, float eps,
+                                         const AllReduceFn& allreduce) {
+  require_f32(x, "batchnorm_forward_train");
+  const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
+  const float* px = x.data<float>();
+  std::vector<double> acc(C + 1, 0.0);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t c = 0; c < C; ++c) acc[c] += px[i * C + c];
+  acc[C] = static_cast<double>(M);
+  reduce(acc, allreduce);
+  const double Mg = acc[C];
+  std::vector<double> mean(C), sq(C, 0.0);
+  for (int64_t c = 0; c < C; ++c) mean[c] = acc[c] / Mg;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t c = 0; c < C; ++c) {
+      double d = px[i * C + c] - mean[c];
+      sq[c] += d * d;
+    }
+  reduce(sq, allreduce);
+  float* sm = save_mean.data<float>();
+  float* si = save_invstd.data<float>();
+  float* rm = running_mean.data<float>();
+  float* rv = running_var.data<float>();
+  std::vector<float> a(C), b(C);
+  for (int64_t c = 0; c < C; ++c) {
+    double var = sq[c] / Mg;
+    double inv = 1.0 / std::sqrt(var + eps);
+    sm[c] = static_cast<float>(mean[c]);
+    si[c] = static_cast<float>(inv);
+    a[c] = static_cast<float>(gamma.data<float>()[c] * inv);
+    b[c] = static_cast<float>(beta.data<float>()[c] - mean[c] * gamma.data<float>()[c] * inv);
+    double unbiased = Mg > 1 ? var * Mg / (Mg - 1) : var;
+    rm[c] = static_cast<float>((1 - momentum) * rm[c] + momentum * mean[c]);
+    rv[c] = static_cast<float>((1 - momentum) * rv[c] + momentum * unbiased);
+  }
+  float* py = y.data<float>();
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t c = 0; c < C; ++c) py[i * C + c] = px[i * C + c] * a[c] + b[c];
+}
+
+void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const Tensor& y, const Tensor& running_mean,
+                                        const Tensor& running_var, float eps) {
+  require_f32(x, "batchnorm_forward_eval");
+  const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
+  std::vector<float> a(C), b(C);
+  for (int64_t c = 0; c < C; ++c) {
+    float inv = 1.0f / std::sqrt(running_var.data<float>()[c] + eps);
+    a[c] = gamma.data<float>()[c] * inv;
+    b[c] = beta.data<float>()[c] - running_mean.data<float>()[c] * a[c];
+  }
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t c = 0; c < C; ++c) py[i * C + c] = px[i * C + c] * a[c] + b[c];
+}
+
+void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                    const Tensor& save_mean, const Tensor& save_invstd,
+                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                                    const AllReduceFn& allreduce) {
+  const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
+  const float* px = x.data<float>();
+  const float* pdy = dy.data<float>();
+  const float* mean = save_mean.data<float>();
+  const float* inv = save_invstd.data<float>();
+  std::vector<double> acc(2 * C + 1, 0.0);  // sum dy, sum dy*xhat, count
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t c = 0; c < C; ++c) {
+      double g = pdy[i * C + c];
+      acc[c] += g;
+      acc[C + c] += g * (px[i * C + c] - mean[c]) * inv[c];
+    }
+  for (int64_t c = 0; c < C; ++c) {
+    dbeta.data<float>()[c] += static_cast<float>(acc[c]);
+    dgamma.data<float>()[c] += static_cast<float>(acc[C + c]);
+  }
+  acc[2 * C] = static_cast<double>(M);
+  reduce(acc, allreduce);  // sync-BN: dx needs the sums over the global batch
+  const double Mg = acc[2 * C];
+  std::vector<float> k(C), m1(C), m2(C);
+  for (int64_t c = 0; c < C; ++c) {
+    k[c] = gamma.data<float>()[c] * inv[c];
+    m1[c] = static_cast<float>(acc[c] / Mg);
+    m2[c] = static_cast<float>(acc[C + c] / Mg);
+  }
+  float* pdx = dx.data<float>();
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t c = 0; c < C; ++c) {
+      float xhat = (px[i * C + c] - mean[c]) * inv[c];
+      pdx[i * C + c] = k[c] * (pdy[i * C + c] - m1[c] - xhat * m2[c]);
+    }
+}
+
+void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
+  require_same(x, y, "relu_forward");
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] = px[i] > 0.f ? px[i] : 0.f;
+}
+
+void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  require_same(y, dy, "relu_backward");
+  const float* py = y.data<float>();
+  const float* pdy = dy.data<float>();
+  float* pdx = dx.data<float>();
+  for (int64_t i = 0, n = y.numel(); i < n; ++i) pdx[i] = py[i] > 0.f ? pdy[i] : 0.f;
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  require_same(a, b, "add");
+  require_same(a, y, "add");
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* py = y.data<float>();
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) py[i] = pa[i] + pb[i];
+}
+
+void CpuBackend::axpy(float alpha, const Tensor& x, const Tensor& y) {
+  require_same(x, y, "axpy");
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] += alpha * px[i];
+}
+
+void CpuBackend::fill(const Tensor& y, float value) {
+  if (y.dtype() == DType::f32) {
+    std::fill_n(y.data<float>(), y.numel(), value);
+    return;
+  }
+  for (int64_t i = 0; i < y.numel(); ++i) convert(&value, DType::f32, static_cast<char*>(y.raw()) + i * dtype_size(y.dtype()), y.dtype(), 1);
+}
+
+void CpuBackend::scale(const Tensor& y, float alpha) {
+  float* p = y.data<float>();
+  for (int64_t i = 0, n = y.numel(); i < n; ++i) p[i] *= alpha;
+}
+
+void CpuBackend::maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
+                                 const PoolGeom& g) {
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  int32_t* pa = argmax.data<int32_t>();
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t p = 0; p < g.P; ++p)
+      for (int64_t q = 0; q < g.Q; ++q) {
+        float* out = py + ((n * g.P + p) * g.Q + q) * g.C;
+        int32_t* arg = pa + ((n * g.P + p) * g.Q + q) * g.C;
+        for (int64_t c = 0; c < g.C; ++c) {
+          out[c] = -std::numeric_limits<float>::infinity();
+          arg[c] = -1;
+        }
+        for (int64_t r = 0; r < g.window; ++r) {
+          int64_t h = p * g.stride - g.pad + r;
+          if (h < 0 || h >= g.H) continue;
+          for (int64_t s = 0; s < g.window; ++s) {
+            int64_t w = q * g.stride - g.pad + s;
+            if (w < 0 || w >= g.W) continue;
+            const float* in = px + ((n * g.H + h) * g.W + w) * g.C;
+            for (int64_t c = 0; c < g.C; ++c)
+              if (in[c] > out[c] || arg[c] < 0) {
+                out[c] = in[c];
+                arg[c] = static_cast<int32_t>(h * g.W + w);
+              }
+          }
+        }
+      }
+}
+
+void CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx,
+                                  const PoolGeom& g) {
+  std::memset(dx.raw(), 0, dx.nbytes());
+  const float* pdy = dy.data<float>();
+  const int32_t* pa = argmax.data<int32_t>();
+  float* pdx = dx.data<float>();
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t pq = 0; pq < g.P * g.Q; ++pq)
+      for (int64_t c = 0; c < g.C; ++c) {
+        int64_t i = (n * g.P * g.Q + pq) * g.C + c;
+        pdx[(n * g.H * g.W + pa[i]) * g.C + c] += pdy[i];
+      }
+}
+
+void CpuBackend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
+  const int64_t N = x.dim(0), HW = x.dim(1) * x.dim(2), C = x.dim(3);
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  std::vector<double> acc(C);
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t i = 0; i < HW; ++i)
+      for (int64_t c = 0; c < C; ++c) acc[c] += px[(n * HW + i) * C + c];
+    for (int64_t c = 0; c < C; ++c) py[n * C + c] = static_cast<float>(acc[c] / HW);
+  }
+}
+
+void CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
+  const int64_t N = dx.dim(0), HW = dx.dim(1) * dx.dim(2), C = dx.dim(3);
+  const float* pdy = dy.data<float>();
+  float* pdx = dx.data<float>();
+  const float inv = 1.0f / static_cast<float>(HW);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < HW; ++i)
+      for (int64_t c = 0; c < C; ++c) pdx[(n * HW + i) * C + c] = pdy[n * C + c] * inv;
+}
+
+void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  const int64_t N = x.dim(0), I = x.numel() / N, O = w.dim(0);
+  if (w.numel() != O * I)
+    throw ShapeError("linear_forward: input " + x.str() + " has " + std::to_string(I) +
+                     " features but the weight is " + w.str());
+  MapR Y(y.data<float>(), N, O);
+  Y.noalias() = CMapR(x.data<float>(), N, I) * CMapR(w.data<float>(), O, I).transpose();
+  Y.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(b.data<float>(), O);
+}
+
+void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                 const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  const int64_t N = x.dim(0), I = x.numel() / N, O = w.dim(0);
+  CMapR DY(dy.data<float>(), N, O);
+  if (dx.defined()) MapR(dx.data<float>(), N, I).noalias() = DY * CMapR(w.data<float>(), O, I);
+  MapR(dw.data<float>(), O, I).noalias() += DY.transpose() * CMapR(x.data<float>(), N, I);
+  Eigen::Map<Eigen::RowVectorXf>(db.data<float>(), O) += DY.colwise().sum();
+}
+
+Backend::LossResult CpuBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels,
+                                                     const Tensor& probs) {
+  const int64_t N = logits.dim(0), K = logits.dim(1);
+  if (labels.numel() != N)
+    throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
+                     std::to_string(labels.numel()) + " labels");
+  const float* z = logits.data<float>();
+  const int32_t* lab = labels.data<int32_t>();
+  float* pr = probs.data<float>();
+  LossResult r;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = z + n * K;
+    if (lab[n] < 0 || lab[n] >= K)
+      throw ShapeError("softmax_cross_entropy: label " + std::to_string(lab[n]) + " of sample " +
+                       std::to_string(n) + " is outside [0, " + std::to_string(K) + ")");
+    int64_t arg = 0;
+    for (int64_t k = 1; k < K; ++k)
+      if (row[k] > row[arg]) arg = k;
+    double mx = row[arg], sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += std::exp(static_cast<double>(row[k]) - mx);
+    for (int64_t k = 0; k < K; ++k) pr[n * K + k] = static_cast<float>(std::exp(row[k] - mx) / sum);
+    r.loss_sum += std::log(sum) - (row[lab[n]] - mx);
+    r.correct += arg == lab[n];
+  }
+  return r;
+}
+
+void CpuBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
+                                       const Tensor& dlogits) {
+  const int64_t N = probs.dim(0), K = probs.dim(1);
+  const float* pr = probs.data<float>();
+  const int32_t* lab = labels.data<int32_t>();
+  float* d = dlogits.data<float>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      d[n * K + k] = (pr[n * K + k] - (k == lab[n] ? 1.f : 0.f)) * scale;
+}
+
+void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
+  require_same(src, dst, "cast");
+  convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), static_cast<size_t>(src.numel()));
+}
+
+double CpuBackend::sum_squares(const Tensor& x) {
+  const float* p = x.data<float>();
+  double s = 0;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
+  return s;
+}
+
+}  // namespace replica::ops

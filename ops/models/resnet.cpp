@@ -1,0 +1,118 @@
+// ResNet builders. Shortcuts are identity when shapes match, else 1x1 conv + BN ("option B",
+// as torchvision and the PyTorch anchor in ../shared/anchors/torch_resnet.py).
+#include "ops/models/resnet.h"
+
+#include "core/errors.h"
+
+namespace replica::models {
+
+using nn::BatchNorm2d;
+using nn::Conv2d;
+using nn::ReLU;
+using nn::Sequential;
+
+std::vector<std::string> resnet_archs() {
+  return {"resnet20", "resnet32", "resnet56", "resnet110", "resnet18", "resnet34", "resnet50"};
+}
+
+namespace {
+
+std::unique_ptr<Sequential> projection(const std::string& name, int64_t cin, int64_t cout, int64_t stride) {
+  if (stride == 1 && cin == cout) return nullptr;
+  auto sc = std::make_unique<Sequential>(name + ".shortcut");
+  sc->emplace<Conv2d>(name + ".shortcut.0", cin, cout, 1, stride, 0);
+  sc->emplace<BatchNorm2d>(name + ".shortcut.1", cout);
+  return sc;
+}
+
+nn::LayerPtr basic_block(const std::string& name, int64_t cin, int64_t cout, int64_t stride, bool zero) {
+  auto m = std::make_unique<Sequential>(name + ".main");
+  m->emplace<Conv2d>(name + ".conv1", cin, cout, 3, stride, 1);
+  m->emplace<BatchNorm2d>(name + ".bn1", cout);
+  m->emplace<ReLU>(name + ".relu1", true);
+  m->emplace<Conv2d>(name + ".conv2", cout, cout, 3, 1, 1);
+  m->emplace<BatchNorm2d>(name + ".bn2", cout, 0.1f, 1e-5f, zero);
+  return std::make_unique<nn::Residual>(name, std::move(m), projection(name, cin, cout, stride));
+}
+
+nn::LayerPtr bottleneck(const std::string& name, int64_t cin, int64_t mid, int64_t stride, bool zero) {
+  const int64_t cout = mid * 4;
+  auto m = std::make_unique<Sequential>(name + ".main");
+  m->emplace<Conv2d>(name + ".conv1", cin, mid, 1, 1, 0);
+  m->emplace<BatchNorm2d>(name + ".bn1", mid);
+  m->emplace<ReLU>(name + ".relu1", true);
+  m->emplace<Conv2d>(name + ".conv2", mid, mid, 3, stride, 1);
+  m->emplace<BatchNorm2d>(name + ".bn2", mid);
+  m->emplace<ReLU>(name + ".relu2", true);
+  m->emplace<Conv2d>(name + ".conv3", mid, cout, 1, 1, 0);
+  m->emplace<BatchNorm2d>(name + ".bn3", cout, 0.1f, 1e-5f, zero);
+  return std::make_unique<nn::Residual>(name, std::move(m), projection(name, cin, cout, stride));
+}
+
+}  // namespace
+
+std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
+  auto root = std::make_unique<Sequential>("resnet");
+  const bool zero = cfg.zero_init_residual;
+  int64_t cifar_n = 0;
+  if (cfg.arch == "resnet20") cifar_n = 3;
+  else if (cfg.arch == "resnet32") cifar_n = 5;
+  else if (cfg.arch == "resnet56") cifar_n = 9;
+  else if (cfg.arch == "resnet110") cifar_n = 18;
+  if (cfg.in_channels < 1 || cfg.num_classes < 1)
+    throw ConfigError("model: in_channels and num_classes must be >= 1");
+  int64_t c;
+  if (cifar_n) {
+    const int64_t w = cfg.base_width ? cfg.base_width : 16;
+    auto& stem = root->emplace<Conv2d>("stem.conv", cfg.in_channels, w, 3, 1, 1);
+    stem.set_input_grad(false);
+    root->emplace<BatchNorm2d>("stem.bn", w);
+    root->emplace<ReLU>("stem.relu", true);
+    c = w;
+    int64_t widths[3] = {w, 2 * w, 4 * w};
+    for (int s = 0; s < 3; ++s)
+      for (int64_t b = 0; b < cifar_n; ++b) {
+        int64_t stride = (b == 0 && s > 0) ? 2 : 1;
+        root->add(basic_block("layer" + std::to_string(s + 1) + "." + std::to_string(b), c, widths[s], stride, zero));
+        c = widths[s];
+      }
+  } else {
+    std::vector<int64_t> blocks;
+    bool bottle = false;
+    if (cfg.arch == "resnet18") blocks = {2, 2, 2, 2};
+    else if (cfg.arch == "resnet34") blocks = {3, 4, 6, 3};
+    else if (cfg.arch == "resnet50") blocks = {3, 4, 6, 3}, bottle = true;
+    else {
+      std::string list;
+      for (auto& a : resnet_archs()) list += (list.empty() ? "" : ", ") + a;
+      throw ConfigError("model.arch: '" + cfg.arch + "' is not a known model; use one of " + list);
+    }
+    const int64_t w = cfg.base_width ? cfg.base_width : 64;
+    auto& stem = root->emplace<Conv2d>("stem.conv", cfg.in_channels, w, 7, 2, 3);
+    stem.set_input_grad(false);
+    root->emplace<BatchNorm2d>("stem.bn", w);
+    root->emplace<ReLU>("stem.relu", true);
+    root->emplace<nn::MaxPool2d>("stem.pool", 3, 2, 1);
+    c = w;
+    for (int s = 0; s < 4; ++s) {
+      const int64_t width = w << s;
+      for (int64_t b = 0; b < blocks[s]; ++b) {
+        int64_t stride = (b == 0 && s > 0) ? 2 : 1;
+        std::string name = "layer" + std::to_string(s + 1) + "." + std::to_string(b);
+        if (bottle) {
+          root->add(bottleneck(name, c, width, stride, zero));
+          c = width * 4;
+        } else {
+          root->add(basic_block(name, c, width, stride, zero));
+          c = width;
+        }
+      }
+    }
+  }
+  root->emplace<nn::GlobalAvgPool>("pool");
+  root->emplace<nn::Linear>("fc", c, cfg.num_classes);
+  return std::make_unique<nn::Model>(cfg.arch, std::move(root),
+                                     Shape{cfg.height, cfg.width, cfg.in_channels}, cfg.num_classes);
+}
+
+}  // namespace replica::models

@@ -1,0 +1,25 @@
+// The ResNet family: CIFAR-style resnet20/32/56/110 (3 stages of basic blocks, width 16) and
+// ImageNet-style resnet18/34 (basic) and resnet50 (bottleneck, stride on the 3x3: "v1.5").
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/nn/model.h"
+
+namespace replica::models {
+
+struct ResNetConfig {
+  std::string arch = "resnet20";
+  int64_t in_channels = 1;
+  int64_t num_classes = 10;
+  int64_t height = 28, width = 28;
+  int64_t base_width = 0;          // 0: the architecture's default (16 CIFAR, 64 ImageNet)
+  bool zero_init_residual = false; // last BN gamma of each block starts at 0
+};
+
+std::vector<std::string> resnet_archs();
+// Throws ConfigError naming the architecture and the accepted ones.
+std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg);
+
+}  // namespace replica::models

@@ -1,0 +1,160 @@
+// Layer: explicit forward(ctx, x) and backward(ctx, dy). Parameters are views into the model's
+// flat buffers; backward accumulates (+=) into gradients so micro-batches add up, and reports
+// finished gradient slots through ctx.grads_ready so buckets can start their all-reduce.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/nn/context.h"
+#include "ops/nn/params.h"
+
+namespace replica::nn {
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+  const std::string& name() const { return name_; }
+
+  virtual Tensor forward(Context& ctx, const Tensor& x) = 0;
+  // Returns the gradient with respect to the input (undefined when not needed).
+  virtual Tensor backward(Context& ctx, const Tensor& dy) = 0;
+  // Declares parameters and buffers (containers recurse in forward order).
+  virtual void register_params(ParamRegistry&) {}
+  // The output shape for an input shape; throws ShapeError naming the layer if they do not fit.
+  virtual Shape output_shape(const Shape& in) const = 0;
+  // Visits this layer and its children, depth first in forward order.
+  virtual void visit(const std::function<void(Layer&)>& fn) { fn(*this); }
+
+ protected:
+  std::string name_;
+};
+
+using LayerPtr = std::unique_ptr<Layer>;
+
+class Conv2d : public Layer {
+ public:
+  Conv2d(std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride, int64_t pad);
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void register_params(ParamRegistry& reg) override;
+  Shape output_shape(const Shape& in) const override;
+  // The first layer of a model need not compute the gradient of the images.
+  void set_input_grad(bool on) { input_grad_ = on; }
+  Tensor weight, weight_grad;
+
+ private:
+  int64_t in_, out_, k_, stride_, pad_;
+  bool input_grad_ = true;
+  int slot_ = -1;
+};
+
+class BatchNorm2d : public Layer {
+ public:
+  BatchNorm2d(std::string name, int64_t channels, float momentum = 0.1f, float eps = 1e-5f,
+              bool zero_gamma = false);
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void register_params(ParamRegistry& reg) override;
+  Shape output_shape(const Shape& in) const override;
+  Tensor gamma, beta, gamma_grad, beta_grad, running_mean, running_var;
+
+ private:
+  int64_t c_;
+  float momentum_, eps_;
+  bool zero_gamma_;
+  int slot_ = -1;
+};
+
+class ReLU : public Layer {
+ public:
+  // In place: overwrites its input. Safe after batch norm or an add, whose outputs nobody saves.
+  explicit ReLU(std::string name, bool inplace = false) : Layer(std::move(name)), inplace_(inplace) {}
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  Shape output_shape(const Shape& in) const override { return in; }
+
+ private:
+  bool inplace_;
+};
+
+class MaxPool2d : public Layer {
+ public:
+  MaxPool2d(std::string name, int64_t window, int64_t stride, int64_t pad)
+      : Layer(std::move(name)), window_(window), stride_(stride), pad_(pad) {}
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  Shape output_shape(const Shape& in) const override;
+
+ private:
+  int64_t window_, stride_, pad_;
+};
+
+// [N,H,W,C] -> [N,C]
+class GlobalAvgPool : public Layer {
+ public:
+  explicit GlobalAvgPool(std::string name) : Layer(std::move(name)) {}
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  Shape output_shape(const Shape& in) const override;
+};
+
+// [N, in] (or anything flattening to it) -> [N, out], with bias.
+class Linear : public Layer {
+ public:
+  Linear(std::string name, int64_t in, int64_t out);
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void register_params(ParamRegistry& reg) override;
+  Shape output_shape(const Shape& in) const override;
+  Tensor weight, bias, weight_grad, bias_grad;
+
+ private:
+  int64_t in_, out_;
+  int slot_ = -1;
+};
+
+class Sequential : public Layer {
+ public:
+  explicit Sequential(std::string name) : Layer(std::move(name)) {}
+  Sequential& add(LayerPtr layer) {
+    layers_.push_back(std::move(layer));
+    return *this;
+  }
+  template <typename L, typename... Args>
+  L& emplace(Args&&... args) {
+    auto p = std::make_unique<L>(std::forward<Args>(args)...);
+    L& ref = *p;
+    layers_.push_back(std::move(p));
+    return ref;
+  }
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void register_params(ParamRegistry& reg) override;
+  Shape output_shape(const Shape& in) const override;
+  void visit(const std::function<void(Layer&)>& fn) override;
+  size_t size() const { return layers_.size(); }
+  Layer& at(size_t i) { return *layers_[i]; }
+
+ private:
+  std::vector<LayerPtr> layers_;
+};
+
+// relu(main(x) + shortcut(x)); an empty shortcut is the identity.
+class Residual : public Layer {
+ public:
+  Residual(std::string name, std::unique_ptr<Sequential> main, std::unique_ptr<Sequential> shortcut);
+  Tensor forward(Context& ctx, const Tensor& x) override;
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void register_params(ParamRegistry& reg) override;
+  Shape output_shape(const Shape& in) const override;
+  void visit(const std::function<void(Layer&)>& fn) override;
+  Sequential& main() { return *main_; }
+
+ private:
+  std::unique_ptr<Sequential> main_, shortcut_;
+};
+
+}  // namespace replica::nn

@@ -1,0 +1,321 @@
+// Forward and backward of the built-in layers. Each layer saves exactly what its backward reads
+// and releases it as soon as backward is done, so activation memory falls during backward.
+#include <cmath>
+
+#include "core/errors.h"
+#include "ops/nn/layer.h"
+
+namespace replica::nn {
+
+namespace {
+void expect_channels(const Shape& in, int64_t c, const std::string& who) {
+  if (in.rank() != 4)
+    throw ShapeError(who + ": expected NHWC input [N,H,W,C], got " + in.str());
+  if (in[3] != c)
+    throw ShapeError(who + ": expected " + std::to_string(c) + " input channels, got input " + in.str());
+  if (in[0] < 1) throw ShapeError(who + ": empty batch " + in.str());
+}
+}  // namespace
+
+// ---- Conv2d -----------------------------------------------------------------------------
+
+Conv2d::Conv2d(std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride,
+               int64_t pad)
+    : Layer(std::move(name)), in_(in_ch), out_(out_ch), k_(kernel), stride_(stride), pad_(pad) {
+  if (in_ch < 1 || out_ch < 1 || kernel < 1)
+    throw ShapeError(name_ + ": channels and kernel size must be >= 1");
+  if (stride < 1) throw ShapeError(name_ + ": stride must be >= 1, got " + std::to_string(stride));
+  if (pad < 0) throw ShapeError(name_ + ": padding must be >= 0");
+}
+
+void Conv2d::register_params(ParamRegistry& reg) {
+  ParamSlot s;
+  s.name = name_ + ".weight";
+  s.shape = {out_, k_, k_, in_};
+  s.kind = ParamKind::weight;
+  s.init = Init::kaiming_normal_fan_out;
+  s.fan_in = in_ * k_ * k_;
+  s.value = &weight;
+  s.grad = &weight_grad;
+  slot_ = reg.add_param(s);
+}
+
+Shape Conv2d::output_shape(const Shape& in) const {
+  expect_channels(in, in_, name_);
+  auto g = ops::ConvGeom::make(in, out_, k_, k_, stride_, pad_, name_);
+  return {g.N, g.P, g.Q, g.K};
+}
+
+Tensor Conv2d::forward(Context& ctx, const Tensor& x) {
+  expect_channels(x.shape(), in_, name_);
+  auto g = ops::ConvGeom::make(x.shape(), out_, k_, k_, stride_, pad_, name_);
+  Tensor y = ctx.alloc({g.N, g.P, g.Q, g.K});
+  ctx.backend().conv2d_forward(x, weight, y, g, ctx.pool());
+  if (ctx.training()) ctx.saved(this) = {x};
+  return y;
+}
+
+Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
+  Tensor x = ctx.saved(this).at(0);
+  ctx.release(this);
+  auto g = ops::ConvGeom::make(x.shape(), out_, k_, k_, stride_, pad_, name_);
+  ctx.backend().conv2d_backward_filter(x, dy, weight_grad, g, ctx.pool());
+  ctx.grads_ready(slot_, 1);
+  if (!input_grad_) return {};
+  Tensor dx = ctx.alloc(x.shape());
+  ctx.backend().conv2d_backward_data(dy, weight, dx, g, ctx.pool());
+  return dx;
+}
+
+// ---- BatchNorm2d ------------------------------------------------------------------------
+
+BatchNorm2d::BatchNorm2d(std::string name, int64_t channels, float momentum, float eps, bool zero_gamma)
+    : Layer(std::move(name)), c_(channels), momentum_(momentum), eps_(eps), zero_gamma_(zero_gamma) {
+  if (channels < 1) throw ShapeError(name_ + ": channels must be >= 1");
+}
+
+void BatchNorm2d::register_params(ParamRegistry& reg) {
+  ParamSlot g;
+  g.name = name_ + ".weight";
+  g.shape = {c_};
+  g.kind = ParamKind::bn_gamma;
+  g.init = zero_gamma_ ? Init::zeros : Init::ones;
+  g.value = &gamma;
+  g.grad = &gamma_grad;
+  slot_ = reg.add_param(g);
+  ParamSlot b;
+  b.name = name_ + ".bias";
+  b.shape = {c_};
+  b.kind = ParamKind::bn_beta;
+  b.init = Init::zeros;
+  b.value = &beta;
+  b.grad = &beta_grad;
+  reg.add_param(b);
+  reg.add_buffer({name_ + ".running_mean", {c_}, 0.f, 0, &running_mean});
+  reg.add_buffer({name_ + ".running_var", {c_}, 1.f, 0, &running_var});
+}
+
+Shape BatchNorm2d::output_shape(const Shape& in) const {
+  if (in.rank() < 2 || in[in.rank() - 1] != c_)
+    throw ShapeError(name_ + ": expected " + std::to_string(c_) + " channels last, got " + in.str());
+  return in;
+}
+
+Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
+  output_shape(x.shape());
+  Tensor y = ctx.alloc(x.shape());
+  if (!ctx.training()) {
+    ctx.backend().batchnorm_forward_eval(x, gamma, beta, y, running_mean, running_var, eps_);
+    return y;
+  }
+  Tensor mean = ctx.alloc({c_}), invstd = ctx.alloc({c_});
+  ctx.backend().batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var,
+                                        momentum_, eps_, ctx.bn_allreduce);
+  ctx.saved(this) = {x, mean, invstd};
+  return y;
+}
+
+Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
+  auto s = ctx.saved(this);
+  ctx.release(this);
+  Tensor dx = ctx.alloc(s[0].shape());
+  ctx.backend().batchnorm_backward(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad,
+                                   ctx.bn_allreduce);
+  ctx.grads_ready(slot_, 2);
+  return dx;
+}
+
+// ---- ReLU, pooling ----------------------------------------------------------------------
+
+Tensor ReLU::forward(Context& ctx, const Tensor& x) {
+  Tensor y = inplace_ ? x : ctx.alloc(x.shape());
+  ctx.backend().relu_forward(x, y);
+  if (ctx.training()) ctx.saved(this) = {y};
+  return y;
+}
+
+Tensor ReLU::backward(Context& ctx, const Tensor& dy) {
+  Tensor y = ctx.saved(this).at(0);
+  ctx.release(this);
+  // An in-place ReLU also masks dy in place (its caller handed dy over); otherwise dy may be
+  // read again by the caller (a residual shortcut), so write a new tensor.
+  Tensor dx = inplace_ ? dy : ctx.alloc(dy.shape());
+  ctx.backend().relu_backward(y, dy, dx);
+  return dx;
+}
+
+Shape MaxPool2d::output_shape(const Shape& in) const {
+  auto g = ops::PoolGeom::make(in, window_, stride_, pad_, name_);
+  return {g.N, g.P, g.Q, g.C};
+}
+
+Tensor MaxPool2d::forward(Context& ctx, const Tensor& x) {
+  auto g = ops::PoolGeom::make(x.shape(), window_, stride_, pad_, name_);
+  Tensor y = ctx.alloc({g.N, g.P, g.Q, g.C});
+  Tensor arg = ctx.alloc({g.N, g.P, g.Q, g.C}, MemTag::activations, DType::i32);
+  ctx.backend().maxpool_forward(x, y, arg, g);
+  if (ctx.training()) ctx.saved(this) = {arg, Tensor::wrap(nullptr, x.shape(), DType::f32, x.device())};
+  return y;
+}
+
+Tensor MaxPool2d::backward(Context& ctx, const Tensor& dy) {
+  auto s = ctx.saved(this);
+  ctx.release(this);
+  Shape in = s[1].shape();  // only the input's shape was kept, not its data
+  auto g = ops::PoolGeom::make(in, window_, stride_, pad_, name_);
+  Tensor dx = ctx.alloc(in);
+  ctx.backend().maxpool_backward(dy, s[0], dx, g);
+  return dx;
+}
+
+Shape GlobalAvgPool::output_shape(const Shape& in) const {
+  if (in.rank() != 4) throw ShapeError(name_ + ": expected NHWC input, got " + in.str());
+  return {in[0], in[3]};
+}
+
+Tensor GlobalAvgPool::forward(Context& ctx, const Tensor& x) {
+  Tensor y = ctx.alloc(output_shape(x.shape()));
+  ctx.backend().global_avgpool_forward(x, y);
+  if (ctx.training()) ctx.saved(this) = {Tensor::wrap(nullptr, x.shape(), DType::f32, x.device())};
+  return y;
+}
+
+Tensor GlobalAvgPool::backward(Context& ctx, const Tensor& dy) {
+  Shape in = ctx.saved(this).at(0).shape();
+  ctx.release(this);
+  Tensor dx = ctx.alloc(in);
+  ctx.backend().global_avgpool_backward(dy, dx);
+  return dx;
+}
+
+// ---- Linear -----------------------------------------------------------------------------
+
+Linear::Linear(std::string name, int64_t in, int64_t out) : Layer(std::move(name)), in_(in), out_(out) {
+  if (in < 1 || out < 1) throw ShapeError(name_ + ": features must be >= 1");
+}
+
+void Linear::register_params(ParamRegistry& reg) {
+  ParamSlot w;
+  w.name = name_ + ".weight";
+  w.shape = {out_, in_};
+  w.kind = ParamKind::weight;
+  w.init = Init::kaiming_uniform_linear;
+  w.fan_in = in_;
+  w.value = &weight;
+  w.grad = &weight_grad;
+  slot_ = reg.add_param(w);
+  ParamSlot b;
+  b.name = name_ + ".bias";
+  b.shape = {out_};
+  b.kind = ParamKind::bias;
+  b.init = Init::linear_bias;
+  b.fan_in = in_;
+  b.value = &bias;
+  b.grad = &bias_grad;
+  reg.add_param(b);
+}
+
+Shape Linear::output_shape(const Shape& in) const {
+  if (in.rank() < 1 || in[0] < 1) throw ShapeError(name_ + ": empty batch " + in.str());
+  if (in.numel() / in[0] != in_)
+    throw ShapeError(name_ + ": expected " + std::to_string(in_) + " input features, got " + in.str());
+  return {in[0], out_};
+}
+
+Tensor Linear::forward(Context& ctx, const Tensor& x) {
+  Tensor y = ctx.alloc(output_shape(x.shape()));
+  ctx.backend().linear_forward(x, weight, bias, y);
+  if (ctx.training()) ctx.saved(this) = {x};
+  return y;
+}
+
+Tensor Linear::backward(Context& ctx, const Tensor& dy) {
+  Tensor x = ctx.saved(this).at(0);
+  ctx.release(this);
+  Tensor dx = ctx.alloc(x.shape());
+  ctx.backend().linear_backward(x, weight, dy, dx, weight_grad, bias_grad);
+  ctx.grads_ready(slot_, 2);
+  return dx;
+}
+
+// ---- containers -------------------------------------------------------------------------
+
+Tensor Sequential::forward(Context& ctx, const Tensor& x) {
+  Tensor h = x;
+  for (auto& l : layers_) h = l->forward(ctx, h);
+  return h;
+}
+
+Tensor Sequential::backward(Context& ctx, const Tensor& dy) {
+  Tensor g = dy;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = (*it)->backward(ctx, g);
+  return g;
+}
+
+void Sequential::register_params(ParamRegistry& reg) {
+  for (auto& l : layers_) l->register_params(reg);
+}
+
+Shape Sequential::output_shape(const Shape& in) const {
+  Shape s = in;
+  for (auto& l : layers_) s = l->output_shape(s);
+  return s;
+}
+
+void Sequential::visit(const std::function<void(Layer&)>& fn) {
+  fn(*this);
+  for (auto& l : layers_) l->visit(fn);
+}
+
+Residual::Residual(std::string name, std::unique_ptr<Sequential> main, std::unique_ptr<Sequential> shortcut)
+    : Layer(std::move(name)), main_(std::move(main)), shortcut_(std::move(shortcut)) {}
+
+Tensor Residual::forward(Context& ctx, const Tensor& x) {
+  Tensor a = main_->forward(ctx, x);
+  Tensor b = shortcut_ ? shortcut_->forward(ctx, x) : x;
+  if (a.shape() != b.shape())
+    throw ShapeError(name_ + ": main path gives " + a.shape().str() + " but the shortcut gives " +
+                     b.shape().str() + "; add a projection shortcut");
+  Tensor y = ctx.alloc(a.shape());
+  ctx.backend().add(a, b, y);
+  ctx.backend().relu_forward(y, y);
+  if (ctx.training()) ctx.saved(this) = {y};
+  return y;
+}
+
+Tensor Residual::backward(Context& ctx, const Tensor& dy) {
+  Tensor y = ctx.saved(this).at(0);
+  ctx.release(this);
+  ctx.backend().relu_backward(y, dy, dy);
+  y = Tensor();
+  Tensor dx = main_->backward(ctx, dy);
+  if (shortcut_) {
+    Tensor ds = shortcut_->backward(ctx, dy);
+    ctx.backend().axpy(1.f, ds, dx);
+  } else {
+    ctx.backend().axpy(1.f, dy, dx);
+  }
+  return dx;
+}
+
+void Residual::register_params(ParamRegistry& reg) {
+  main_->register_params(reg);
+  if (shortcut_) shortcut_->register_params(reg);
+}
+
+Shape Residual::output_shape(const Shape& in) const {
+  Shape a = main_->output_shape(in);
+  Shape b = shortcut_ ? shortcut_->output_shape(in) : in;
+  if (a != b)
+    throw ShapeError(name_ + ": main path gives " + a.str() + " but the shortcut gives " + b.str() +
+                     "; add a projection shortcut");
+  return a;
+}
+
+void Residual::visit(const std::function<void(Layer&)>& fn) {
+  fn(*this);
+  main_->visit(fn);
+  if (shortcut_) shortcut_->visit(fn);
+}
+
+}  // namespace replica::nn

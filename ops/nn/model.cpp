@@ -1,0 +1,103 @@
+// Model: flat buffer layout and deterministic initialisation (torchvision's ResNet recipe:
+// Kaiming-normal fan-out for convolutions, PyTorch's default uniform for linear layers).
+#include "ops/nn/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "core/errors.h"
+
+namespace replica::nn {
+
+namespace {
+// Every slot starts at a 16-float boundary so each parameter is SIMD-aligned in the flat buffer.
+int64_t align16(int64_t n) { return (n + 15) & ~int64_t(15); }
+}  // namespace
+
+Model::Model(std::string name, LayerPtr root, Shape input, int64_t classes)
+    : name_(std::move(name)), root_(std::move(root)), input_(input), classes_(classes) {
+  root_->register_params(reg_);
+  int64_t off = 0;
+  for (auto& p : reg_.params()) {
+    p.offset = off;
+    off += align16(p.shape.numel());
+  }
+  num_params_ = off;
+  off = 0;
+  for (auto& b : reg_.buffers()) {
+    b.offset = off;
+    off += align16(b.shape.numel());
+  }
+  num_buffers_ = off;
+  Shape out = output_shape(1);
+  if (out.rank() != 2 || out[1] != classes_)
+    throw ShapeError(name_ + ": the model ends in " + out.str() + ", expected [N," +
+                     std::to_string(classes_) + "]");
+}
+
+Shape Model::output_shape(int64_t batch) const {
+  Shape in{batch, input_[0], input_[1], input_[2]};
+  return root_->output_shape(in);
+}
+
+void Model::materialize(MemoryPool& pool, uint64_t seed) {
+  params_ = Tensor::zeros(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::params);
+  grads_ = Tensor::zeros(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::grads);
+  buffers_ = Tensor::zeros(pool, {std::max<int64_t>(num_buffers_, 1)}, DType::f32, MemTag::params);
+  int index = 0;
+  for (auto& p : reg_.params()) {
+    *p.value = params_.view(p.offset, p.shape);
+    *p.grad = grads_.view(p.offset, p.shape);
+    float* v = p.value->data<float>();
+    const int64_t n = p.shape.numel();
+    std::mt19937_64 rng(seed * 1000003ull + static_cast<uint64_t>(index++));
+    switch (p.init) {
+      case Init::zeros: std::fill_n(v, n, 0.f); break;
+      case Init::ones: std::fill_n(v, n, 1.f); break;
+      case Init::kaiming_normal_fan_out: {
+        // fan_out = K * R * S for KRSC filters; gain sqrt(2) for ReLU.
+        int64_t fan_out = p.shape[0] * (p.shape.rank() == 4 ? p.shape[1] * p.shape[2] : 1);
+        std::normal_distribution<float> d(0.f, std::sqrt(2.f / static_cast<float>(fan_out)));
+        for (int64_t i = 0; i < n; ++i) v[i] = d(rng);
+        break;
+      }
+      case Init::kaiming_uniform_linear:
+      case Init::linear_bias: {
+        float bound = 1.f / std::sqrt(static_cast<float>(p.fan_in));
+        std::uniform_real_distribution<float> d(-bound, bound);
+        for (int64_t i = 0; i < n; ++i) v[i] = d(rng);
+        break;
+      }
+    }
+  }
+  for (auto& b : reg_.buffers()) {
+    *b.value = buffers_.view(b.offset, b.shape);
+    std::fill_n(b.value->data<float>(), b.shape.numel(), b.init);
+  }
+}
+
+Tensor Model::forward(Context& ctx, const Tensor& x) {
+  if (!materialized()) throw Error(name_ + ": call materialize(pool, seed) before forward");
+  if (x.shape().rank() != 4 || x.dim(1) != input_[0] || x.dim(2) != input_[1] || x.dim(3) != input_[2])
+    throw ShapeError(name_ + ": expected input [N," + std::to_string(input_[0]) + "," +
+                     std::to_string(input_[1]) + "," + std::to_string(input_[2]) + "], got " +
+                     x.shape().str());
+  return root_->forward(ctx, x);
+}
+
+void Model::backward(Context& ctx, const Tensor& dlogits) { root_->backward(ctx, dlogits); }
+
+void Model::zero_grad() { std::memset(grads_.raw(), 0, grads_.nbytes()); }
+
+std::string Model::summary() const {
+  std::ostringstream os;
+  int64_t real = 0;
+  for (auto& p : reg_.params()) real += p.shape.numel();
+  os << name_ << ": " << real << " parameters in " << reg_.params().size() << " tensors, input "
+     << input_.str() << ", " << classes_ << " classes";
+  return os.str();
+}
+
+}  // namespace replica::nn

@@ -1,0 +1,48 @@
+// Device lists and discovery on a machine that may have no GPU.
+#include <gtest/gtest.h>
+
+#include "core/device.h"
+#include "core/errors.h"
+#include "core/stream.h"
+
+using namespace replica;
+
+TEST(Devices, ParseCpuLists) {
+  auto d = parse_devices("cpu:3");
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[2].str(), "cpu:2");
+  EXPECT_EQ(parse_devices("cpu").size(), 1u);
+  EXPECT_THROW(parse_devices("cpu:0"), ConfigError);
+  EXPECT_THROW(parse_devices("cpu:x"), ConfigError);
+  EXPECT_THROW(parse_devices("tpu:1"), ConfigError);
+  try {
+    parse_devices("gpu:1");
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu:N"), std::string::npos);
+  }
+}
+
+TEST(Devices, AutoFallsBackToCpuWithoutGpu) {
+  auto gpus = cuda_devices();
+  auto d = parse_devices("auto");
+  if (gpus.empty()) {
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].kind, DeviceKind::cpu);
+    std::string why;
+    cuda_devices(&why);
+    EXPECT_FALSE(why.empty()) << "no GPU must come with a reason";
+    EXPECT_THROW(parse_devices("cuda:0"), ConfigError);
+  } else {
+    EXPECT_EQ(d.size(), gpus.size());
+  }
+}
+
+TEST(Devices, HostInfo) {
+  auto info = cpu_device_info(0);
+  EXPECT_GT(info.total_memory, 0u);
+  EXPECT_GE(host_core_count(), 1);
+  auto s = make_stream({DeviceKind::cpu, 0});
+  auto e = s->record();
+  EXPECT_TRUE(e->done());
+  s->wait(*e);
+}

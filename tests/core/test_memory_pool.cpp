@@ -1,0 +1,295 @@
+// MemoryPool: invariants under a randomized model check, best-fit vs first-fit fragmentation,
+// OOM message and recovery, the three modes, scoped stats, concurrency, the trace.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "core/alloc_trace.h"
+#include "core/errors.h"
+#include "core/memory_pool.h"
+
+using namespace replica;
+
+namespace {
+constexpr size_t MiB = size_t(1) << 20;
+Device cpu0{DeviceKind::cpu, 0};
+
+std::unique_ptr<MemoryPool> sim_pool(AllocatorMode mode, size_t capacity, size_t total = size_t(1) << 40) {
+  PoolOptions o;
+  o.mode = mode;
+  o.bytes = capacity;
+  return std::make_unique<MemoryPool>(cpu0, std::make_unique<SimulatedUpstream>(total), o);
+}
+size_t round256(size_t b) { return std::max<size_t>(256, (b + 255) & ~size_t(255)); }
+}  // namespace
+
+// Thousands of random allocations and frees of 1 B..64 MiB against a reference model.
+class PoolModelCheck : public ::testing::TestWithParam<AllocatorMode> {};
+
+TEST_P(PoolModelCheck, RandomAllocFreeKeepsInvariants) {
+  const size_t cap = size_t(2) << 30;
+  auto pool = sim_pool(GetParam(), cap);
+  std::mt19937_64 rng(42);
+  std::map<uintptr_t, size_t> live;  // address -> rounded size (the reference model)
+  size_t model_in_use = 0;
+  std::array<size_t, kNumTags> tag_use{};
+  std::map<uintptr_t, MemTag> tags;
+  for (int it = 0; it < 20000; ++it) {
+    bool do_alloc = live.empty() || (rng() % 100) < 52;
+    if (do_alloc) {
+      // log-uniform sizes from 1 B to 64 MiB
+      size_t bytes = static_cast<size_t>(std::exp2(std::uniform_real_distribution<double>(0, 26)(rng)));
+      MemTag tag = static_cast<MemTag>(rng() % kNumTags);
+      void* p = nullptr;
+      try {
+        p = pool->allocate(bytes, tag);
+      } catch (const OutOfMemoryError&) {
+        EXPECT_GT(model_in_use + round256(bytes), cap / 4) << "OOM far below capacity";
+        continue;
+      }
+      auto a = reinterpret_cast<uintptr_t>(p);
+      ASSERT_EQ(a % 256, 0u) << "misaligned";
+      size_t r = round256(bytes);
+      // no overlap with any live block
+      auto next = live.lower_bound(a);
+      if (next != live.end()) {
+        ASSERT_GE(next->first, a + r) << "overlaps the next block";
+      }
+      if (next != live.begin()) {
+        auto prev = std::prev(next);
+        ASSERT_LE(prev->first + prev->second, a) << "overlaps the previous block";
+      }
+      live[a] = r;
+      tags[a] = tag;
+      model_in_use += r;
+      tag_use[static_cast<int>(tag)] += r;
+    } else {
+      auto it2 = live.begin();
+      std::advance(it2, rng() % live.size());
+      pool->deallocate(reinterpret_cast<void*>(it2->first));
+      model_in_use -= it2->second;
+      tag_use[static_cast<int>(tags[it2->first])] -= it2->second;
+      tags.erase(it2->first);
+      live.erase(it2);
+    }
+    if (it % 500 == 0) {
+      auto s = pool->stats();
+      ASSERT_EQ(s.in_use, model_in_use);
+      for (int t = 0; t < kNumTags; ++t) ASSERT_EQ(s.tags[t].in_use, tag_use[t]);
+      ASSERT_LE(s.reserved, cap);
+      ASSERT_GE(s.peak_in_use, s.in_use);
+      ASSERT_LE(s.largest_free, s.total_free);
+    }
+  }
+  for (auto& [a, r] : live) pool->deallocate(reinterpret_cast<void*>(a));
+  auto s = pool->stats();
+  EXPECT_EQ(s.in_use, 0u);
+  EXPECT_EQ(s.allocs, s.frees);
+  if (GetParam() == AllocatorMode::preallocate) {
+    EXPECT_EQ(s.largest_free, cap) << "all freed: must coalesce back to one block";
+    EXPECT_EQ(s.fragmentation, 0.0);
+  }
+  if (GetParam() == AllocatorMode::platform) {
+    EXPECT_EQ(s.reserved, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, PoolModelCheck,
+                         ::testing::Values(AllocatorMode::preallocate, AllocatorMode::growth,
+                                           AllocatorMode::platform));
+
+TEST(MemoryPool, GrowthRegionsEachCoalesceBackToWhole) {
+  auto pool = sim_pool(AllocatorMode::growth, 1024 * MiB);
+  std::vector<void*> ps;
+  for (int i = 0; i < 50; ++i) ps.push_back(pool->allocate((i % 7 + 1) * MiB, MemTag::activations));
+  auto s = pool->stats();
+  EXPECT_GT(s.regions, 1u);
+  for (void* p : ps) pool->deallocate(p);
+  EXPECT_EQ(pool->release_unused(), s.reserved) << "every region whole again after freeing all";
+  EXPECT_EQ(pool->stats().reserved, 0u);
+}
+
+// Best-fit keeps the large hole; first-fit would carve the small request out of it.
+TEST(MemoryPool, BestFitAvoidsFragmentationFirstFitWouldCause) {
+  auto pool = sim_pool(AllocatorMode::preallocate, 100 * MiB);
+  void* a = pool->allocate(60 * MiB, MemTag::activations);  // [0,60)
+  void* b = pool->allocate(10 * MiB, MemTag::params);       // [60,70)
+  void* c = pool->allocate(20 * MiB, MemTag::activations);  // [70,90)
+  void* d = pool->allocate(10 * MiB, MemTag::params);       // [90,100)
+  pool->deallocate(a);  // 60 MiB hole first in address order
+  pool->deallocate(c);  // 20 MiB hole later
+  void* e = pool->allocate(20 * MiB, MemTag::workspace);
+  EXPECT_EQ(e, c) << "best fit takes the 20 MiB hole exactly";
+  // First-fit would have split the 60 MiB hole, leaving 40 + 20 and failing this request.
+  void* f = nullptr;
+  EXPECT_NO_THROW(f = pool->allocate(60 * MiB, MemTag::activations));
+  EXPECT_EQ(f, a);
+  for (void* p : {b, d, e, f}) pool->deallocate(p);
+  EXPECT_EQ(pool->stats().largest_free, 100 * MiB);
+}
+
+TEST(MemoryPool, OomMessageNamesEverythingAndPoolStaysUsable) {
+  auto pool = sim_pool(AllocatorMode::preallocate, 64 * MiB);
+  void* a = pool->allocate(30 * MiB, MemTag::activations);
+  void* b = pool->allocate(4 * MiB, MemTag::params);
+  void* c = pool->allocate(20 * MiB, MemTag::grads);
+  pool->deallocate(b);  // 4 MiB hole + 10 MiB tail: 14 MiB free, largest 10
+  try {
+    pool->allocate(12 * MiB, MemTag::workspace);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    std::string m = e.what();
+    EXPECT_EQ(e.requested(), 12 * MiB);
+    for (const char* needle : {"12.00 MiB", "capacity 64.00 MiB", "in use 50.00 MiB", "free 14.00 MiB",
+                               "largest free block 10.00 MiB", "fragmentation 29%", "activations 30.00 MiB",
+                               "grads 20.00 MiB", "not in one piece", "micro_batch", "fp16", "memory.fraction"})
+      EXPECT_NE(m.find(needle), std::string::npos) << "missing '" << needle << "' in: " << m;
+  }
+  EXPECT_EQ(pool->stats().ooms, 1u);
+  void* d = pool->allocate(10 * MiB, MemTag::workspace);  // still works after the OOM
+  EXPECT_NE(d, nullptr);
+  for (void* p : {a, c, d}) pool->deallocate(p);
+  EXPECT_EQ(pool->stats().in_use, 0u);
+}
+
+TEST(MemoryPool, ModesReserveAsDocumented) {
+  // preallocate: everything up front
+  auto pre = sim_pool(AllocatorMode::preallocate, 256 * MiB);
+  EXPECT_EQ(pre->stats().reserved, 256 * MiB);
+  void* p = pre->allocate(MiB, MemTag::other);
+  pre->deallocate(p);
+  EXPECT_EQ(pre->stats().reserved, 256 * MiB);
+
+  // growth: nothing up front, regions added on demand, cached after free
+  auto gr = sim_pool(AllocatorMode::growth, 256 * MiB);
+  EXPECT_EQ(gr->stats().reserved, 0u);
+  p = gr->allocate(3 * MiB, MemTag::other);
+  size_t r1 = gr->stats().reserved;
+  EXPECT_GE(r1, 3 * MiB);
+  gr->deallocate(p);
+  EXPECT_EQ(gr->stats().reserved, r1) << "growth keeps regions cached";
+  p = gr->allocate(3 * MiB, MemTag::other);
+  EXPECT_EQ(gr->stats().regions, 1u) << "reuses the cached region";
+  gr->deallocate(p);
+  // doubling: the next region is at least twice the last
+  void* q1 = gr->allocate(r1, MemTag::other);
+  void* q2 = gr->allocate(MiB, MemTag::other);
+  EXPECT_GE(gr->stats().reserved, r1 + 2 * r1);
+  gr->deallocate(q1);
+  gr->deallocate(q2);
+
+  // platform: straight to the upstream and back
+  auto pf = sim_pool(AllocatorMode::platform, 256 * MiB);
+  EXPECT_EQ(pf->stats().reserved, 0u);
+  p = pf->allocate(1000, MemTag::other);
+  EXPECT_EQ(pf->stats().reserved, 1024u);
+  pf->deallocate(p);
+  EXPECT_EQ(pf->stats().reserved, 0u) << "platform returns memory at once";
+  EXPECT_THROW(pf->allocate(300 * MiB, MemTag::other), OutOfMemoryError);
+}
+
+TEST(MemoryPool, FractionOfTotalAndPreallocateFailure) {
+  PoolOptions o;
+  o.mode = AllocatorMode::preallocate;
+  o.fraction = 0.5;
+  MemoryPool pool(cpu0, std::make_unique<SimulatedUpstream>(1024 * MiB), o);
+  EXPECT_EQ(pool.capacity(), 512 * MiB);
+  EXPECT_NE(pool.describe().find("preallocate"), std::string::npos);
+  // The upstream cannot give what is asked (another process holds it): a clear error.
+  o.bytes = 2048 * MiB;
+  try {
+    MemoryPool big(cpu0, std::make_unique<SimulatedUpstream>(1024 * MiB), o);
+    FAIL();
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("could not preallocate"), std::string::npos);
+  }
+}
+
+TEST(MemoryPool, RealHostMemoryIsUsable) {
+  PoolOptions o;
+  o.mode = AllocatorMode::growth;
+  o.bytes = 64 * MiB;
+  MemoryPool pool(cpu0, std::make_unique<HostUpstream>(), o);
+  auto* p = static_cast<char*>(pool.allocate(MiB, MemTag::activations));
+  std::fill_n(p, MiB, 7);
+  EXPECT_EQ(p[MiB - 1], 7);
+  pool.deallocate(p);
+  EXPECT_THROW(pool.deallocate(p), Error) << "double free is detected";
+}
+
+TEST(MemoryPool, ScopedStatsMeasureOnePhase) {
+  auto pool = sim_pool(AllocatorMode::preallocate, 64 * MiB);
+  void* base = pool->allocate(MiB, MemTag::params);
+  pool->push_scope();
+  void* a = pool->allocate(2 * MiB, MemTag::activations);
+  void* b = pool->allocate(3 * MiB, MemTag::activations);
+  pool->deallocate(a);
+  pool->deallocate(b);
+  auto s = pool->pop_scope();
+  EXPECT_EQ(s.peak_delta(), 5 * MiB);
+  EXPECT_EQ(s.allocs, 2u);
+  EXPECT_EQ(s.end_in_use, MiB);
+  EXPECT_EQ(pool->stats().tags[static_cast<int>(MemTag::activations)].peak_in_use, 5 * MiB);
+  pool->deallocate(base);
+  EXPECT_THROW(pool->pop_scope(), Error);
+}
+
+TEST(MemoryPool, ConcurrentAllocFree) {
+  auto pool = sim_pool(AllocatorMode::preallocate, 1024 * MiB);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<void*> mine;
+      for (int i = 0; i < 5000; ++i) {
+        if (mine.empty() || rng() % 2) mine.push_back(pool->allocate(256 + rng() % 100000, MemTag::activations));
+        else {
+          pool->deallocate(mine.back());
+          mine.pop_back();
+        }
+      }
+      for (void* p : mine) pool->deallocate(p);
+    });
+  for (auto& th : threads) th.join();
+  auto s = pool->stats();
+  EXPECT_EQ(s.in_use, 0u);
+  EXPECT_EQ(s.largest_free, 1024 * MiB);
+}
+
+TEST(AllocTrace, RecordsAndExports) {
+  auto pool = sim_pool(AllocatorMode::preallocate, 64 * MiB);
+  AllocTrace trace;
+  pool->set_trace(&trace);
+  pool->set_step(3);
+  void* a = pool->allocate(1000, MemTag::activations);
+  void* b = pool->allocate(2000, MemTag::grads);
+  pool->deallocate(a);
+  pool->deallocate(b);
+  auto ev = trace.events();
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_TRUE(ev[0].alloc);
+  EXPECT_EQ(ev[0].bytes, 1000u);
+  EXPECT_EQ(ev[1].tag, MemTag::grads);
+  EXPECT_FALSE(ev[2].alloc);
+  EXPECT_EQ(ev[2].id, ev[0].id);
+  EXPECT_EQ(ev[3].step, 3);
+  std::string dir = ::testing::TempDir();
+  trace.write_csv(dir + "/trace.csv");
+  auto back = AllocTrace::read_csv(dir + "/trace.csv");
+  ASSERT_EQ(back.size(), 4u);
+  EXPECT_EQ(back[1].bytes, 2000u);
+  EXPECT_EQ(back[1].tag, MemTag::grads);
+  trace.write_chrome_json(dir + "/trace.json");
+  std::ifstream in(dir + "/trace.json");
+  std::string json((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(json.rfind("{\"traceEvents\":[", 0), 0u);
+  EXPECT_NE(json.find("\"ph\":\"C\""), std::string::npos);
+  EXPECT_NE(json.find("\"activations\":1000"), std::string::npos);
+  EXPECT_NE(json.find("\"activations\":0"), std::string::npos);
+  std::ofstream(dir + "/bad.csv") << "nope\n";
+  EXPECT_THROW(AllocTrace::read_csv(dir + "/bad.csv"), IoError);
+}

@@ -1,0 +1,102 @@
+// Layers and models: shape errors name the layer, parameter counts match torchvision, activation
+// memory is visible by tag and released by backward, gradients accumulate across passes.
+#include <gtest/gtest.h>
+
+#include "core/errors.h"
+#include "ops/models/resnet.h"
+#include "support/layer_harness.h"
+
+using namespace replica;
+
+namespace {
+int64_t real_params(const nn::Model& m) {
+  int64_t n = 0;
+  for (auto& p : m.registry().params()) n += p.shape.numel();
+  return n;
+}
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ShapeError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Layers, ArgumentErrorsNameTheLayerAndShapes) {
+  EXPECT_NE(error_of([] { nn::Conv2d("layer1.0.conv1", 3, 4, 3, 0, 1); }).find("layer1.0.conv1"), std::string::npos);
+  nn::Conv2d conv("stem.conv", 3, 8, 3, 1, 1);
+  std::string m = error_of([&] { conv.output_shape({2, 8, 8, 1}); });
+  EXPECT_NE(m.find("stem.conv"), std::string::npos);
+  EXPECT_NE(m.find("[2,8,8,1]"), std::string::npos);
+  EXPECT_NE(m.find("3 input channels"), std::string::npos);
+  EXPECT_NE(error_of([&] { conv.output_shape({0, 8, 8, 3}); }).find("empty batch"), std::string::npos);
+  nn::Linear fc("fc", 10, 2);
+  EXPECT_NE(error_of([&] { fc.output_shape({4, 9}); }).find("fc"), std::string::npos);
+  EXPECT_EQ(conv.output_shape({2, 8, 8, 3}), Shape({2, 8, 8, 8}));
+  EXPECT_THROW(models::make_resnet({.arch = "resnet21"}), ConfigError);
+}
+
+TEST(Models, ParameterCountsMatchReference) {
+  // torchvision's counts (1000 classes, 3 channels)
+  models::ResNetConfig in{.arch = "resnet50", .in_channels = 3, .num_classes = 1000, .height = 224, .width = 224};
+  EXPECT_EQ(real_params(*models::make_resnet(in)), 25557032);
+  in.arch = "resnet18";
+  EXPECT_EQ(real_params(*models::make_resnet(in)), 11689512);
+  in.arch = "resnet34";
+  EXPECT_EQ(real_params(*models::make_resnet(in)), 21797672);
+  // ../shared/anchors/torch_resnet.py's ResNet-20 (option-B shortcuts, 1 channel, 10 classes)
+  auto r20 = models::make_resnet({});
+  EXPECT_EQ(real_params(*r20), 272186);  // sum(p.numel()) of the anchor model
+  EXPECT_EQ(r20->output_shape(5), Shape({5, 10}));
+  EXPECT_EQ(models::make_resnet({.arch = "resnet56"})->registry().params().size(), 3u + 27 * 6 + 2 * 3 + 2);
+}
+
+TEST(Models, ActivationsVisibleByTagAndReleasedByBackward) {
+  auto pool = replica::testing::test_pool();
+  auto model = models::make_resnet({});
+  model->materialize(*pool, 1);
+  auto& acts = [&]() -> const TagStats& { static TagStats t; t = pool->stats().tags[static_cast<int>(MemTag::activations)]; return t; }();
+  (void)acts;
+  Tensor x = Tensor::zeros(*pool, {8, 28, 28, 1}, DType::f32, MemTag::activations);
+  size_t base = pool->stats().tags[static_cast<int>(MemTag::activations)].in_use;
+  nn::Context ctx(*pool, ops::backend_for(pool->device()), true);
+  Tensor logits = model->forward(ctx, x);
+  size_t after_fwd = pool->stats().tags[static_cast<int>(MemTag::activations)].in_use;
+  // ResNet-20 at 28x28 saves well over 8 images x 16 ch x 784 px x 4 B x 10 tensors
+  EXPECT_GT(after_fwd - base, size_t(8) * 16 * 784 * 4 * 10);
+  Tensor d = Tensor::zeros(*pool, logits.shape(), DType::f32, MemTag::activations);
+  model->backward(ctx, d);
+  d = Tensor();
+  logits = Tensor();
+  EXPECT_EQ(ctx.saved_count(), 0u);
+  EXPECT_EQ(pool->stats().tags[static_cast<int>(MemTag::activations)].in_use, base);
+  EXPECT_GT(pool->stats().tags[static_cast<int>(MemTag::workspace)].peak_in_use, 0u);
+  EXPECT_EQ(pool->stats().tags[static_cast<int>(MemTag::params)].in_use,
+            pool->stats().tags[static_cast<int>(MemTag::grads)].in_use +
+                (static_cast<size_t>(model->num_buffers()) * 4 + 255) / 256 * 256);
+}
+
+TEST(Models, GradientsAccumulateAcrossPasses) {
+  auto pool = replica::testing::test_pool();
+  models::ResNetConfig cfg{.arch = "resnet20", .height = 8, .width = 8, .base_width = 4};
+  auto model = models::make_resnet(cfg);
+  model->materialize(*pool, 1);
+  Tensor x = Tensor::empty(*pool, {4, 8, 8, 1}, DType::f32, MemTag::activations);
+  std::mt19937 rng(1);
+  replica::testing::fill_random(x, rng);
+  auto run = [&] {
+    nn::Context ctx(*pool, ops::backend_for(pool->device()), true);
+    Tensor y = model->forward(ctx, x);
+    Tensor d = Tensor::empty(*pool, y.shape(), DType::f32, MemTag::activations);
+    std::fill_n(d.data<float>(), d.numel(), 0.1f);
+    model->backward(ctx, d);
+  };
+  model->zero_grad();
+  run();
+  std::vector<float> once(model->grads().data<float>(), model->grads().data<float>() + model->num_params());
+  run();
+  for (int64_t i = 0; i < model->num_params(); i += 97)
+    EXPECT_NEAR(model->grads().data<float>()[i], 2 * once[i], 1e-5 + 1e-4 * std::abs(once[i]));
+}
