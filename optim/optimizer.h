@@ -1,0 +1,63 @@
+// Optimizers over the flat parameter and gradient buffers: one fused loop per step. State lives
+// in the replica's pool (tag optimizer) in fp32.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory_pool.h"
+#include "core/tensor.h"
+#include "ops/nn/params.h"
+
+namespace replica::optim {
+
+// A contiguous range of the flat buffer and whether weight decay applies to it.
+struct ParamGroup {
+  int64_t offset = 0, count = 0;
+  bool decay = true;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+  // One update of params from grads at learning rate lr. Grads are read, not changed.
+  virtual void step(const Tensor& params, const Tensor& grads, float lr) = 0;
+  // State tensors (momentum, moments) for checkpoints.
+  virtual std::vector<Tensor*> state() = 0;
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+
+ protected:
+  int64_t steps_ = 0;
+};
+
+struct SgdOptions {
+  float momentum = 0.9f;
+  bool nesterov = true;
+  float weight_decay = 5e-4f;
+  // coupled (PyTorch's SGD: wd * p added to the gradient, so it passes through momentum) or
+  // decoupled (p -= lr * wd * p, separate from the gradient: SGDW).
+  bool decoupled = false;
+  // Leave batch-norm parameters and biases out of weight decay (common in large-batch recipes).
+  bool no_decay_bn_bias = false;
+};
+
+class Sgd : public Optimizer {
+ public:
+  Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o);
+  std::string name() const override { return "sgd"; }
+  void step(const Tensor& params, const Tensor& grads, float lr) override;
+  std::vector<Tensor*> state() override { return {&momentum_}; }
+  const SgdOptions& options() const { return o_; }
+
+ private:
+  SgdOptions o_;
+  std::vector<ParamGroup> groups_;
+  Tensor momentum_;
+};
+
+// Groups of the flat buffer: each slot with its decay flag, merged when neighbours agree.
+std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_bn_bias);
+
+}  // namespace replica::optim

@@ -1,0 +1,114 @@
+// Golden test against PyTorch (tests/reference/make_reference.py): the anchor ResNet-20 with the
+// same weights on the same 8 Fashion-MNIST images must give the same logits, loss, gradients,
+// batch-norm running statistics and losses over 3 SGD steps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/models/resnet.h"
+#include "optim/optimizer.h"
+#include "support/fixture.h"
+#include "support/layer_harness.h"
+
+using namespace replica;
+
+namespace {
+
+const std::string kFixture = std::string(REPLICA_SOURCE_DIR) + "/tests/fixtures/resnet20_golden.bin";
+
+// max |a - b| / max(|b|_inf, floor): a per-tensor error relative to the tensor's scale
+double rel_err(const float* a, const std::vector<float>& b, double floor = 1e-3) {
+  double maxdiff = 0, maxref = floor;
+  for (size_t i = 0; i < b.size(); ++i) {
+    maxdiff = std::max(maxdiff, static_cast<double>(std::abs(a[i] - b[i])));
+    maxref = std::max(maxref, static_cast<double>(std::abs(b[i])));
+  }
+  return maxdiff / maxref;
+}
+
+struct Golden : ::testing::Test {
+  void SetUp() override {
+    fx = replica::testing::load_fixture(kFixture, &order);
+    pool = replica::testing::test_pool();
+    model = models::make_resnet({});
+    model->materialize(*pool, 0);
+    // PyTorch's named_parameters() order is the registration order of replica's layers.
+    size_t i = 0;
+    for (auto& name : order) {
+      if (name.rfind("param.", 0) != 0) continue;
+      auto& slot = model->registry().params().at(i++);
+      auto& t = fx.at(name);
+      ASSERT_EQ(static_cast<int64_t>(t.data.size()), slot.shape.numel()) << name << " vs " << slot.name;
+      std::copy(t.data.begin(), t.data.end(), slot.value->data<float>());
+      names.push_back(name.substr(6));
+    }
+    ASSERT_EQ(i, model->registry().params().size());
+    auto& in = fx.at("input");
+    x = Tensor::empty(*pool, {8, 28, 28, 1}, DType::f32, MemTag::activations);
+    std::copy(in.data.begin(), in.data.end(), x.data<float>());
+    labels = Tensor::empty(*pool, {8}, DType::i32, MemTag::activations);
+    for (int k = 0; k < 8; ++k) labels.data<int32_t>()[k] = static_cast<int32_t>(fx.at("labels").data[k]);
+  }
+
+  // One training-mode forward + backward of the mean cross-entropy; returns the loss.
+  double step(Tensor* logits_out = nullptr) {
+    auto& be = ops::backend_for(pool->device());
+    nn::Context ctx(*pool, be, true);
+    Tensor logits = model->forward(ctx, x);
+    Tensor probs = ctx.alloc(logits.shape());
+    auto r = be.softmax_xent_forward(logits, labels, probs);
+    Tensor d = ctx.alloc(logits.shape());
+    be.softmax_xent_backward(probs, labels, 1.f / 8, d);
+    model->backward(ctx, d);
+    if (logits_out) *logits_out = logits;
+    return r.loss_sum / 8;
+  }
+
+  std::map<std::string, replica::testing::FixtureTensor> fx;
+  std::vector<std::string> order, names;
+  std::unique_ptr<MemoryPool> pool;
+  std::unique_ptr<nn::Model> model;
+  Tensor x, labels;
+};
+
+}  // namespace
+
+TEST_F(Golden, ForwardBackwardMatchPyTorch) {
+  model->zero_grad();
+  Tensor logits;
+  double loss = step(&logits);
+  EXPECT_LT(rel_err(logits.data<float>(), fx.at("logits").data), 1e-4);
+  EXPECT_NEAR(loss, fx.at("loss").data[0], 1e-5);
+  // Gradients: 2e-4 of each tensor's largest entry (f32 sums in another order than oneDNN's).
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto& slot = model->registry().params()[i];
+    EXPECT_LT(rel_err(slot.grad->data<float>(), fx.at("grad." + names[i]).data), 2e-4)
+        << "gradient of " << names[i] << " (" << slot.name << ")";
+  }
+  // Running statistics after one pass: the registry's buffers are in PyTorch's order too.
+  size_t b = 0;
+  for (auto& name : order) {
+    if (name.rfind("buffer.", 0) != 0) continue;
+    auto& slot = model->registry().buffers().at(b++);
+    EXPECT_LT(rel_err(slot.value->data<float>(), fx.at(name).data), 1e-5) << name << " vs " << slot.name;
+  }
+  EXPECT_EQ(b, model->registry().buffers().size());
+}
+
+TEST_F(Golden, ThreeSgdStepsTrackPyTorchLosses) {
+  optim::Sgd sgd(model->registry(), model->num_params(), *pool,
+                 {.momentum = 0.9f, .nesterov = true, .weight_decay = 5e-4f});
+  auto& want = fx.at("sgd_losses").data;
+  auto& want64 = fx.at("sgd_losses_f64").data;
+  for (int s = 0; s < 4; ++s) {
+    model->zero_grad();
+    double loss = step();
+    // PyTorch's own f32-vs-f64 spread measures how far rounding alone moves the trajectory. The
+    // last loss gets 1e-3: after 3 updates a ReLU pre-activation sits within rounding of zero, and
+    // replica and PyTorch take different sides of that kink (checked by finite differences: the
+    // numeric derivative lies between the two analytic ones). Before it they agree to 1e-7.
+    double tol = std::max(s < 3 ? 1e-5 : 1e-3, 3.0 * std::abs(want[s] - want64[s]));
+    EXPECT_NEAR(loss, want[s], tol) << "loss before update " << s;
+    if (s < 3) sgd.step(model->params(), model->grads(), 0.02f);
+  }
+}
