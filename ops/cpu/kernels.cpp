@@ -35,6 +35,19 @@ void reduce(std::vector<double>& buf, const AllReduceFn& allreduce) {
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = f[i];
 }
 
+// Per-channel sums over rows of an [M, C] matrix: f32 partial sums over blocks of 32 rows (they
+// vectorise across C), folded into double so long reductions keep their precision.
+template <typename RowFn>
+void channel_sums(int64_t M, int64_t C, std::vector<double>& acc, int64_t acc_offset, RowFn&& row) {
+  std::vector<float> part(C);
+  for (int64_t i0 = 0; i0 < M; i0 += 32) {
+    std::fill(part.begin(), part.end(), 0.f);
+    const int64_t i1 = std::min(M, i0 + 32);
+    for (int64_t i = i0; i < i1; ++i) row(i, part.data());
+    for (int64_t c = 0; c < C; ++c) acc[acc_offset + c] += part[c];
+  }
+}
+
 }  // namespace
 
 void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -46,18 +59,23 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
   const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
   const float* px = x.data<float>();
   std::vector<double> acc(C + 1, 0.0);
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t c = 0; c < C; ++c) acc[c] += px[i * C + c];
+  channel_sums(M, C, acc, 0, [&](int64_t i, float* part) {
+    const float* r = px + i * C;
+    for (int64_t c = 0; c < C; ++c) part[c] += r[c];
+  });
   acc[C] = static_cast<double>(M);
   reduce(acc, allreduce);
   const double Mg = acc[C];
   std::vector<double> mean(C), sq(C, 0.0);
-  for (int64_t c = 0; c < C; ++c) mean[c] = acc[c] / Mg;
-  for (int64_t i = 0; i < M; ++i)
+  std::vector<float> meanf(C);
+  for (int64_t c = 0; c < C; ++c) meanf[c] = static_cast<float>(mean[c] = acc[c] / Mg);
+  channel_sums(M, C, sq, 0, [&](int64_t i, float* part) {
+    const float* r = px + i * C;
     for (int64_t c = 0; c < C; ++c) {
-      double d = px[i * C + c] - mean[c];
-      sq[c] += d * d;
+      float d = r[c] - meanf[c];
+      part[c] += d * d;
     }
+  });
   reduce(sq, allreduce);
   float* sm = save_mean.data<float>();
   float* si = save_invstd.data<float>();
@@ -107,12 +125,15 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
   const float* mean = save_mean.data<float>();
   const float* inv = save_invstd.data<float>();
   std::vector<double> acc(2 * C + 1, 0.0);  // sum dy, sum dy*xhat, count
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t c = 0; c < C; ++c) {
-      double g = pdy[i * C + c];
-      acc[c] += g;
-      acc[C + c] += g * (px[i * C + c] - mean[c]) * inv[c];
-    }
+  channel_sums(M, C, acc, 0, [&](int64_t i, float* part) {
+    const float* g = pdy + i * C;
+    for (int64_t c = 0; c < C; ++c) part[c] += g[c];
+  });
+  channel_sums(M, C, acc, C, [&](int64_t i, float* part) {
+    const float* g = pdy + i * C;
+    const float* r = px + i * C;
+    for (int64_t c = 0; c < C; ++c) part[c] += g[c] * (r[c] - mean[c]) * inv[c];
+  });
   for (int64_t c = 0; c < C; ++c) {
     dbeta.data<float>()[c] += static_cast<float>(acc[c]);
     dgamma.data<float>()[c] += static_cast<float>(acc[C + c]);

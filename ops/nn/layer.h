@@ -43,6 +43,9 @@ class Conv2d : public Layer {
   Shape output_shape(const Shape& in) const override;
   // The first layer of a model need not compute the gradient of the images.
   void set_input_grad(bool on) { input_grad_ = on; }
+  int64_t kernel() const { return k_; }
+  int64_t stride() const { return stride_; }
+  int64_t pad() const { return pad_; }
   Tensor weight, weight_grad;
 
  private:

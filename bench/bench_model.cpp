@@ -1,0 +1,134 @@
+// Forward+backward throughput of a ResNet on one CPU replica (one thread), and the GFLOP/s of
+// each distinct convolution against a plain Eigen GEMM of the same (M, N, K).
+//   replica_bench_model [--arch resnet20] [--batch 128] [--steps 20] [--hw 28] [--channels 1]
+#include <Eigen/Core>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+
+#include "core/pools.h"
+#include "ops/models/resnet.h"
+
+using namespace replica;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct ConvShape {
+  int64_t N, H, W, C, K, R, stride, pad;
+  bool operator<(const ConvShape& o) const {
+    return std::tie(N, H, W, C, K, R, stride, pad) < std::tie(o.N, o.H, o.W, o.C, o.K, o.R, o.stride, o.pad);
+  }
+};
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string arch = "resnet20";
+  int64_t batch = 128, steps = 20, hw = 28, channels = 1;
+  bool shapes_table = true;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--arch") arch = argv[i + 1];
+    else if (k == "--batch") batch = std::stoll(argv[i + 1]);
+    else if (k == "--steps") steps = std::stoll(argv[i + 1]);
+    else if (k == "--hw") hw = std::stoll(argv[i + 1]);
+    else if (k == "--channels") channels = std::stoll(argv[i + 1]);
+    else if (k == "--shapes") shapes_table = std::string(argv[i + 1]) != "0";
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  PoolOptions po;
+  po.mode = AllocatorMode::growth;
+  auto pool = make_pool({DeviceKind::cpu, 0}, po);
+  auto model = models::make_resnet({.arch = arch, .in_channels = channels, .num_classes = 10, .height = hw, .width = hw});
+  model->materialize(*pool, 1);
+  auto& be = ops::backend_for(pool->device());
+  Tensor x = Tensor::empty(*pool, {batch, hw, hw, channels}, DType::f32, MemTag::activations);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = nd(rng);
+  Tensor labels = Tensor::empty(*pool, {batch}, DType::i32, MemTag::activations);
+  for (int64_t i = 0; i < batch; ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(i % 10);
+
+  auto step = [&] {
+    nn::Context ctx(*pool, be, true);
+    Tensor logits = model->forward(ctx, x);
+    Tensor probs = ctx.alloc(logits.shape());
+    be.softmax_xent_forward(logits, labels, probs);
+    Tensor d = ctx.alloc(logits.shape());
+    be.softmax_xent_backward(probs, labels, 1.f / batch, d);
+    model->zero_grad();
+    model->backward(ctx, d);
+  };
+  for (int i = 0; i < 3; ++i) step();
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) step();
+  double dt = seconds_since(t0);
+  std::printf("# %s fwd+bwd, batch %ld, %ldx%ldx%ld, 1 thread\n", arch.c_str(), batch, hw, hw, channels);
+  std::printf("replica img/s %.1f  (%.1f ms/step, peak pool in use %.1f MiB)\n", steps * batch / dt,
+              1e3 * dt / steps, pool->stats().peak_in_use / 1048576.0);
+
+  if (!shapes_table) return 0;
+  // Per-shape conv GFLOP/s (forward, backward-data, backward-filter) against Eigen GEMM.
+  std::map<ConvShape, int> shapes;
+  Shape s{batch, hw, hw, channels};
+  // Walk the convolutions by running shape inference through the model's layers.
+  std::function<Shape(nn::Layer&, Shape)> walk = [&](nn::Layer& l, Shape in) -> Shape {
+    if (auto* c = dynamic_cast<nn::Conv2d*>(&l)) {
+      auto out = c->output_shape(in);
+      shapes[{in[0], in[1], in[2], in[3], out[3], c->kernel(), c->stride(), c->pad()}]++;
+      return out;
+    }
+    if (auto* q = dynamic_cast<nn::Sequential*>(&l)) {
+      for (size_t i = 0; i < q->size(); ++i) in = walk(q->at(i), in);
+      return in;
+    }
+    if (auto* r = dynamic_cast<nn::Residual*>(&l)) {
+      Shape out = r->output_shape(in);
+      walk(r->main(), in);
+      l.visit([&](nn::Layer& sub) {
+        if (sub.name().find(".shortcut.0") != std::string::npos) walk(sub, in);
+      });
+      return out;
+    }
+    return l.output_shape(in);
+  };
+  walk(model->root(), s);
+  using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  std::printf("# conv shape (N,H,W,C->K,RxR,stride)   count  fwd GF/s  bwd-data GF/s  bwd-filter GF/s  GEMM GF/s (same M,N,K)\n");
+  for (auto& [c, count] : shapes) {
+    auto g = ops::ConvGeom::make({c.N, c.H, c.W, c.C}, c.K, c.R, c.R, c.stride, c.pad, "bench");
+    Tensor in = Tensor::empty(*pool, {c.N, c.H, c.W, c.C}, DType::f32, MemTag::activations);
+    Tensor w = Tensor::empty(*pool, {c.K, c.R, c.R, c.C}, DType::f32, MemTag::params);
+    Tensor out = Tensor::empty(*pool, {c.N, g.P, g.Q, c.K}, DType::f32, MemTag::activations);
+    for (auto* t : {&in, &w, &out}) std::fill_n(t->data<float>(), t->numel(), 0.01f);
+    double flops = 2.0 * c.N * g.P * g.Q * c.K * c.R * c.R * c.C;
+    auto time = [&](auto fn) {
+      fn();
+      auto t = Clock::now();
+      int reps = 0;
+      while (seconds_since(t) < 0.2) {
+        fn();
+        reps++;
+      }
+      return flops * reps / seconds_since(t) / 1e9;
+    };
+    double f = time([&] { be.conv2d_forward(in, w, out, g, *pool); });
+    double bd = time([&] { be.conv2d_backward_data(out, w, in, g, *pool); });
+    double bf = time([&] { be.conv2d_backward_filter(in, out, w, g, *pool); });
+    int64_t M = c.N * g.P * g.Q, K = c.R * c.R * c.C;
+    MatR A = MatR::Constant(M, K, 0.01f), B = MatR::Constant(c.K, K, 0.01f), C(M, c.K);
+    double gemm = time([&] { C.noalias() = A * B.transpose(); });
+    std::printf("  (%3ld,%3ld,%3ld,%3ld->%3ld, %ldx%ld, s%ld)  %5d  %8.1f  %13.1f  %15.1f  %9.1f\n", c.N, c.H, c.W,
+                c.C, c.K, c.R, c.R, c.stride, count, f, bd, bf, gemm);
+  }
+  return 0;
+}
