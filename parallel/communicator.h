@@ -1,0 +1,61 @@
+// Communicator: the collectives data parallelism needs, per rank. Every collective has an async
+// form returning a Work handle; collectives must be issued in the same order on every rank (as with
+// NCCL). Implementations: HostCommunicator (CPU replicas in one process), MpiCommunicator,
+// NcclCommunicator. Failures and time-outs throw CommError naming the rank; nothing hangs.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace replica::parallel {
+
+enum class ReduceOp { sum, avg, max };
+const char* reduce_op_name(ReduceOp op);
+
+// A pending collective. wait() rethrows its failure.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool done() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+
+  // In place over `count` elements of `dtype` (f16/bf16 are reduced in f32).
+  virtual WorkHandle all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+  virtual WorkHandle broadcast_async(void* data, size_t count, DType dtype, int root) = 0;
+  // recv holds size() * count elements, rank r's contribution at r * count.
+  virtual WorkHandle all_gather_async(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // send holds size() * count elements; rank r receives the reduction of block r.
+  virtual WorkHandle reduce_scatter_async(const void* send, void* recv, size_t count, DType dtype,
+                                          ReduceOp op) = 0;
+  virtual WorkHandle barrier_async() = 0;
+
+  // Stops every pending and future collective on every rank with CommError(why).
+  virtual void abort(const std::string& why) = 0;
+
+  void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
+    all_reduce_async(data, count, dtype, op)->wait();
+  }
+  void broadcast(void* data, size_t count, DType dtype, int root) {
+    broadcast_async(data, count, dtype, root)->wait();
+  }
+  void all_gather(const void* send, void* recv, size_t count, DType dtype) {
+    all_gather_async(send, recv, count, dtype)->wait();
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+    reduce_scatter_async(send, recv, count, dtype, op)->wait();
+  }
+  void barrier() { barrier_async()->wait(); }
+};
+
+}  // namespace replica::parallel

@@ -1,0 +1,88 @@
+// GradientSync: bucket layout, readiness counting, launch and wait; replica agreement checks.
+#include "parallel/gradient_sync.h"
+
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace replica::parallel {
+
+GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Communicator& comm,
+                           BucketOptions o)
+    : grads_(std::move(grads)), comm_(comm) {
+  const int n = static_cast<int>(offsets.size());
+  bucket_of_slot_.assign(n, -1);
+  const int64_t total = grads_.numel();
+  double cap = o.first_bucket_mb * 1048576.0;
+  // Reverse parameter order: the last layers finish backward first.
+  for (int s = n - 1; s >= 0; --s) {
+    if (buckets_.empty() || static_cast<double>(buckets_.back().hi - buckets_.back().lo) * 4 >= cap) {
+      if (!buckets_.empty()) cap = o.bucket_mb * 1048576.0;
+      const int64_t hi = buckets_.empty() ? total : buckets_.back().lo;
+      buckets_.push_back({hi, hi, 0, 0, nullptr});
+    }
+    auto& b = buckets_.back();
+    b.lo = offsets[s];
+    b.slots++;
+    bucket_of_slot_[s] = static_cast<int>(buckets_.size()) - 1;
+  }
+  // Buckets are contiguous and cover [offsets[0], total); the flat buffer starts at slot 0.
+}
+
+void GradientSync::begin(bool sync) {
+  sync_ = sync;
+  launched_early_ = 0;
+  for (auto& b : buckets_) {
+    b.pending = b.slots;
+    b.work = nullptr;
+  }
+}
+
+void GradientSync::launch(Bucket& b) {
+  b.work = comm_.all_reduce_async(grads_.data<float>() + b.lo, static_cast<size_t>(b.hi - b.lo),
+                                  DType::f32, ReduceOp::avg);
+}
+
+void GradientSync::ready(int first, int count) {
+  if (!sync_ || comm_.size() == 1) return;
+  for (int s = first; s < first + count; ++s) {
+    auto& b = buckets_[bucket_of_slot_[s]];
+    if (--b.pending == 0) {
+      launch(b);
+      launched_early_++;
+    }
+  }
+}
+
+void GradientSync::finish() {
+  if (!sync_ || comm_.size() == 1) return;
+  // Launch in bucket order any bucket backward did not complete, so every rank issues the same
+  // sequence of collectives.
+  for (auto& b : buckets_)
+    if (!b.work) launch(b);
+  for (auto& b : buckets_) b.work->wait();
+}
+
+void broadcast_from_root(Communicator& comm, Tensor& t) {
+  if (comm.size() > 1) comm.broadcast(t.raw(), static_cast<size_t>(t.numel()), t.dtype(), 0);
+}
+
+void check_replicas_agree(Communicator& comm, const Tensor& params, int64_t step) {
+  if (comm.size() == 1) return;
+  // FNV-1a over the bytes, folded into two exactly representable floats.
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(params.raw());
+  for (size_t i = 0; i < params.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  float mine[2] = {static_cast<float>(h & 0xffffff), static_cast<float>((h >> 24) & 0xffffff)};
+  std::vector<float> all(2 * comm.size());
+  comm.all_gather(mine, all.data(), 2, DType::f32);
+  std::string bad;
+  for (int r = 1; r < comm.size(); ++r)
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+  if (!bad.empty())
+    throw TrainingError("replicas diverged at step " + std::to_string(step) + ": parameters of rank(s) " + bad +
+                        " differ from rank 0's. Something made replicas compute different updates "
+                        "(non-deterministic op, uninitialised memory or a missed all-reduce).");
+}
+
+}  // namespace replica::parallel

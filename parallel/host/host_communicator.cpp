@@ -1,0 +1,323 @@
+// HostCommunicator implementation: a shared rendezvous (slots + an abortable barrier with a
+// time-out) and one worker thread per rank.
+#include "parallel/host/host_communicator.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "core/errors.h"
+
+namespace replica::parallel {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+namespace {
+
+enum class Kind { all_reduce, broadcast, all_gather, reduce_scatter, barrier };
+const char* kind_name(Kind k) {
+  static const char* n[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+  return n[static_cast<int>(k)];
+}
+
+struct Slot {
+  Kind kind = Kind::barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+};
+
+float load(const void* p, DType t, size_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f16: return half_to_float(static_cast<const Half*>(p)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const BFloat16*>(p)[i]);
+    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::u8: return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
+  }
+  return 0.f;
+}
+
+class WorkState : public Work {
+ public:
+  void wait() override {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool done() override {
+    std::lock_guard<std::mutex> lock(m_);
+    return done_;
+  }
+  void finish(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(m_);
+    done_ = true;
+    error_ = e;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+class HostCommState {
+ public:
+  HostCommState(int world, HostCommOptions o)
+      : world_(world), opts_(o), slots_(world), scratch_(world), arrived_gen_(world, 0) {}
+
+  int world() const { return world_; }
+  Slot& slot(int r) { return slots_[r]; }
+  std::vector<float>& scratch(int r) { return scratch_[r]; }
+
+  // All ranks meet; throws CommError on abort or time-out (and then aborts everyone).
+  void barrier(int rank, const char* what) {
+    std::unique_lock<std::mutex> lock(m_);
+    if (aborted_) throw CommError(why_);
+    const uint64_t g = gen_;
+    arrived_gen_[rank] = g + 1;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      gen_++;
+      cv_.notify_all();
+      return;
+    }
+    bool ok = cv_.wait_for(lock, opts_.timeout, [&] { return gen_ != g || aborted_; });
+    if (aborted_) throw CommError(why_);
+    if (!ok) {
+      std::string missing;
+      for (int r = 0; r < world_; ++r)
+        if (arrived_gen_[r] < g + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      aborted_ = true;
+      why_ = std::string("host communicator: rank ") + std::to_string(rank) + " timed out after " +
+             std::to_string(opts_.timeout.count() / 1000.0) + " s in " + what +
+             " waiting for rank(s) " + missing + " (a replica is stuck or issued other collectives)";
+      cv_.notify_all();
+      throw CommError(why_);
+    }
+  }
+
+  void abort(const std::string& why) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (!aborted_) {
+      aborted_ = true;
+      why_ = why;
+    }
+    cv_.notify_all();
+  }
+  bool aborted() {
+    std::lock_guard<std::mutex> lock(m_);
+    return aborted_;
+  }
+  std::string why() {
+    std::lock_guard<std::mutex> lock(m_);
+    return why_;
+  }
+
+ private:
+  int world_;
+  HostCommOptions opts_;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<float>> scratch_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t gen_ = 0;
+  std::vector<uint64_t> arrived_gen_;
+  bool aborted_ = false;
+  std::string why_;
+};
+
+namespace {
+
+class HostCommunicator : public Communicator {
+ public:
+  HostCommunicator(std::shared_ptr<HostCommState> state, int rank)
+      : state_(std::move(state)), rank_(rank), worker_([this] { loop(); }) {}
+  ~HostCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(qm_);
+      stop_ = true;
+    }
+    qcv_.notify_all();
+    worker_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return state_->world(); }
+  std::string name() const override { return "host"; }
+
+  WorkHandle all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op) override {
+    return submit({Kind::all_reduce, data, data, count, dtype, op, 0});
+  }
+  WorkHandle broadcast_async(void* data, size_t count, DType dtype, int root) override {
+    if (root < 0 || root >= size()) throw CommError("broadcast: root " + std::to_string(root) + " is not a rank");
+    return submit({Kind::broadcast, data, data, count, dtype, ReduceOp::sum, root});
+  }
+  WorkHandle all_gather_async(const void* send, void* recv, size_t count, DType dtype) override {
+    return submit({Kind::all_gather, send, recv, count, dtype, ReduceOp::sum, 0});
+  }
+  WorkHandle reduce_scatter_async(const void* send, void* recv, size_t count, DType dtype,
+                                  ReduceOp op) override {
+    return submit({Kind::reduce_scatter, send, recv, count, dtype, op, 0});
+  }
+  WorkHandle barrier_async() override { return submit({Kind::barrier}); }
+  void abort(const std::string& why) override { state_->abort(why); }
+
+ private:
+  WorkHandle submit(Slot s) {
+    auto w = std::make_shared<WorkState>();
+    {
+      std::lock_guard<std::mutex> lock(qm_);
+      queue_.emplace_back(s, w);
+    }
+    qcv_.notify_one();
+    return w;
+  }
+
+  void loop() {
+    for (;;) {
+      std::pair<Slot, std::shared_ptr<WorkState>> item;
+      {
+        std::unique_lock<std::mutex> lock(qm_);
+        qcv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = queue_.front();
+        queue_.pop_front();
+      }
+      try {
+        run(item.first);
+        item.second->finish(nullptr);
+      } catch (...) {
+        item.second->finish(std::current_exception());
+      }
+    }
+  }
+
+  void check_match(const Slot& mine) {
+    const Slot& r0 = state_->slot(0);
+    if (r0.kind != mine.kind || r0.count != mine.count || r0.dtype != mine.dtype ||
+        r0.op != mine.op || r0.root != mine.root) {
+      std::string msg = "host communicator: rank " + std::to_string(rank_) + " issued " +
+                        kind_name(mine.kind) + "(" + std::to_string(mine.count) + " x " +
+                        dtype_name(mine.dtype) + ") while rank 0 issued " + kind_name(r0.kind) + "(" +
+                        std::to_string(r0.count) + " x " + dtype_name(r0.dtype) +
+                        "): collectives must be issued in the same order on every rank";
+      state_->abort(msg);
+      throw CommError(msg);
+    }
+  }
+
+  void reduce_range(ReduceOp op, DType dt, size_t lo, size_t hi, const std::vector<const void*>& srcs,
+                    float* out) {
+    const int R = size();
+    const size_t n = hi - lo;
+    if (dt == DType::f32) {
+      const float* s0 = static_cast<const float*>(srcs[0]) + lo;
+      std::memcpy(out, s0, n * sizeof(float));
+      for (int r = 1; r < R; ++r) {
+        const float* sr = static_cast<const float*>(srcs[r]) + lo;
+        if (op == ReduceOp::max)
+          for (size_t i = 0; i < n; ++i) out[i] = std::max(out[i], sr[i]);
+        else
+          for (size_t i = 0; i < n; ++i) out[i] += sr[i];
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) out[i] = load(srcs[0], dt, lo + i);
+      for (int r = 1; r < R; ++r)
+        for (size_t i = 0; i < n; ++i) {
+          float v = load(srcs[r], dt, lo + i);
+          out[i] = op == ReduceOp::max ? std::max(out[i], v) : out[i] + v;
+        }
+    }
+    if (op == ReduceOp::avg)
+      for (size_t i = 0; i < n; ++i) out[i] /= static_cast<float>(R);
+  }
+
+  void run(const Slot& s) {
+    const int R = size();
+    const char* what = kind_name(s.kind);
+    if (state_->aborted()) throw CommError(state_->why());
+    state_->slot(rank_) = s;
+    state_->barrier(rank_, what);
+    check_match(s);
+    const size_t esz = dtype_size(s.dtype);
+    std::vector<const void*> srcs(R);
+    for (int r = 0; r < R; ++r) srcs[r] = state_->slot(r).send;
+    switch (s.kind) {
+      case Kind::barrier:
+        return;
+      case Kind::all_reduce: {
+        if ((s.dtype == DType::i32 || s.dtype == DType::u8))
+          throw CommError("all_reduce: " + std::string(dtype_name(s.dtype)) + " is not reducible; use f32, f16 or bf16");
+        const size_t chunk = (s.count + R - 1) / R;
+        const size_t lo = std::min(s.count, rank_ * chunk), hi = std::min(s.count, lo + chunk);
+        auto& mine = state_->scratch(rank_);
+        mine.resize(std::max<size_t>(hi - lo, 1));
+        reduce_range(s.op, s.dtype, lo, hi, srcs, mine.data());
+        state_->barrier(rank_, what);  // every slice reduced; nobody reads the inputs any more
+        for (int r = 0; r < R; ++r) {
+          const size_t rlo = std::min(s.count, r * chunk), rhi = std::min(s.count, rlo + chunk);
+          if (rhi > rlo)
+            convert(state_->scratch(r).data(), DType::f32, static_cast<char*>(s.recv) + rlo * esz, s.dtype, rhi - rlo);
+        }
+        return;  // the next collective's first barrier keeps the scratch alive until all copied
+      }
+      case Kind::broadcast:
+        if (rank_ != s.root) std::memcpy(s.recv, srcs[s.root], s.count * esz);
+        state_->barrier(rank_, what);  // the root may not change its buffer before all copied
+        return;
+      case Kind::all_gather:
+        for (int r = 0; r < R; ++r)
+          std::memcpy(static_cast<char*>(s.recv) + r * s.count * esz, srcs[r], s.count * esz);
+        state_->barrier(rank_, what);
+        return;
+      case Kind::reduce_scatter: {
+        std::vector<float> out(std::max<size_t>(s.count, 1));
+        const size_t lo = rank_ * s.count;
+        reduce_range(s.op, s.dtype, lo, lo + s.count, srcs, out.data());
+        convert(out.data(), DType::f32, s.recv, s.dtype, s.count);
+        state_->barrier(rank_, what);
+        return;
+      }
+    }
+  }
+
+  std::shared_ptr<HostCommState> state_;
+  int rank_;
+  std::mutex qm_;
+  std::condition_variable qcv_;
+  std::deque<std::pair<Slot, std::shared_ptr<WorkState>>> queue_;
+  bool stop_ = false;
+  std::thread worker_;  // last: starts after the queue exists
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_host_communicators(int world, HostCommOptions opts) {
+  if (world < 1) throw CommError("host communicator: world size must be >= 1");
+  auto state = std::make_shared<HostCommState>(world, opts);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < world; ++r) out.push_back(std::make_unique<HostCommunicator>(state, r));
+  return out;
+}
+
+}  // namespace replica::parallel

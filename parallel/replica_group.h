@@ -1,0 +1,95 @@
+// ReplicaGroup is pmap: one persistent thread per replica, bound to its device (and pinned to a
+// core for CPU replicas), each owning its pool, stream and communicator. run(fn) calls fn on every
+// replica at once and returns when all are done; an exception in one replica aborts the
+// communicator (so the others stop instead of hanging) and surfaces in the caller with its rank.
+#pragma once
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/memory_pool.h"
+#include "core/stream.h"
+#include "parallel/communicator.h"
+
+namespace replica::parallel {
+
+class Replica {
+ public:
+  int rank() const { return rank_; }
+  int world() const { return comm_->size(); }
+  const Device& device() const { return device_; }
+  MemoryPool& pool() { return *pool_; }
+  Stream& stream() { return *stream_; }
+  Communicator& comm() { return *comm_; }
+
+  // pmap-style helpers over f32 buffers, in place.
+  void psum(float* data, size_t n) { comm_->all_reduce(data, n, DType::f32, ReduceOp::sum); }
+  void pmean(float* data, size_t n) { comm_->all_reduce(data, n, DType::f32, ReduceOp::avg); }
+  std::vector<float> all_gather(const float* data, size_t n) {
+    std::vector<float> out(n * world());
+    comm_->all_gather(data, out.data(), n, DType::f32);
+    return out;
+  }
+
+ private:
+  friend class ReplicaGroup;
+  int rank_ = 0;
+  Device device_;
+  std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+// A failure in one replica, with its rank.
+class ReplicaError : public Error {
+ public:
+  ReplicaError(int rank, const std::string& msg) : Error(msg), rank_(rank) {}
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+};
+
+struct GroupOptions {
+  PoolOptions cpu_pool;   // pool settings for CPU replicas
+  PoolOptions cuda_pool;  // and for GPU replicas
+  std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};
+  bool pin_threads = true;  // pin CPU replica i to core i (when there are enough cores)
+};
+
+class ReplicaGroup {
+ public:
+  ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts);
+  ~ReplicaGroup();
+  ReplicaGroup(const ReplicaGroup&) = delete;
+  ReplicaGroup& operator=(const ReplicaGroup&) = delete;
+
+  int size() const { return static_cast<int>(replicas_.size()); }
+  Replica& replica(int r) { return *replicas_[r]; }
+
+  // Runs fn(replica) on every replica thread and waits. Throws ReplicaError for the first
+  // replica that failed (failures caused only by that abort are not reported again).
+  void run(const std::function<void(Replica&)>& fn);
+
+ private:
+  void worker(int r);
+
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable cv_start_, cv_done_;
+  const std::function<void(Replica&)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int running_ = 0;
+  bool stop_ = false;
+  bool broken_ = false;
+  std::vector<std::exception_ptr> errors_;
+  std::vector<int> error_order_;
+  bool pin_ = true;
+};
+
+}  // namespace replica::parallel

@@ -1,0 +1,223 @@
+// HostCommunicator: every collective at odd sizes and all float dtypes, bit-identical results
+// across ranks and runs, mismatched collectives and time-outs as errors, never a hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "core/errors.h"
+#include "parallel/host/host_communicator.h"
+#include "parallel/replica_group.h"
+
+using namespace replica;
+using namespace replica::parallel;
+
+namespace {
+
+// Runs fn(rank, comm) on `world` threads.
+void on_ranks(std::vector<std::unique_ptr<Communicator>>& comms,
+              const std::function<void(int, Communicator&)>& fn) {
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> errs(comms.size());
+  for (size_t r = 0; r < comms.size(); ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(static_cast<int>(r), *comms[r]);
+      } catch (...) {
+        errs[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+float value(int rank, size_t i) { return std::sin(0.37f * static_cast<float>(i) + rank) * (rank + 1); }
+
+std::vector<float> to_float(const std::vector<uint16_t>& v, DType t) {
+  std::vector<float> out(v.size());
+  convert(v.data(), t, out.data(), DType::f32, v.size());
+  return out;
+}
+
+}  // namespace
+
+struct CollCase {
+  int world;
+  size_t count;
+};
+
+class AllReduce : public ::testing::TestWithParam<CollCase> {};
+
+TEST_P(AllReduce, SumAvgMaxAllDtypes) {
+  auto [world, count] = GetParam();
+  auto comms = make_host_communicators(world);
+  std::vector<std::vector<float>> results(world);
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+    on_ranks(comms, [&](int r, Communicator& c) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = value(r, i);
+      c.all_reduce(buf.data(), count, DType::f32, op);
+      results[r] = buf;
+    });
+    for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 97)) {
+      double want = op == ReduceOp::max ? -1e30 : 0;
+      for (int r = 0; r < world; ++r)
+        want = op == ReduceOp::max ? std::max<double>(want, value(r, i)) : want + value(r, i);
+      if (op == ReduceOp::avg) want /= world;
+      EXPECT_NEAR(results[0][i], want, 1e-5 * world) << reduce_op_name(op) << " at " << i;
+    }
+    for (int r = 1; r < world; ++r) EXPECT_EQ(results[r], results[0]) << "rank " << r << " differs";
+  }
+  // 16-bit types: summed in f32, rounded once
+  for (DType dt : {DType::f16, DType::bf16}) {
+    std::vector<std::vector<float>> got(world);
+    on_ranks(comms, [&](int r, Communicator& c) {
+      std::vector<float> f(count);
+      for (size_t i = 0; i < count; ++i) f[i] = value(r, i);
+      std::vector<uint16_t> h(count);
+      convert(f.data(), DType::f32, h.data(), dt, count);
+      c.all_reduce(h.data(), count, dt, ReduceOp::sum);
+      got[r] = to_float(h, dt);
+    });
+    for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 97)) {
+      double want = 0;
+      for (int r = 0; r < world; ++r) {
+        uint16_t h;
+        float f = value(r, i), back;
+        convert(&f, DType::f32, &h, dt, 1);
+        convert(&h, dt, &back, DType::f32, 1);
+        want += back;
+      }
+      EXPECT_NEAR(got[0][i], want, std::abs(want) * (dt == DType::bf16 ? 8e-3 : 1e-3) + 1e-3);
+    }
+    for (int r = 1; r < world; ++r) EXPECT_EQ(got[r], got[0]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, AllReduce,
+                         ::testing::Values(CollCase{2, 1}, CollCase{2, 7}, CollCase{3, 7}, CollCase{4, 1},
+                                           CollCase{4, 1000003}, CollCase{3, 1000003}, CollCase{1, 7}),
+                         [](const ::testing::TestParamInfo<CollCase>& i) {
+                           return "w" + std::to_string(i.param.world) + "_n" + std::to_string(i.param.count);
+                         });
+
+TEST(HostComm, BitIdenticalAcrossRuns) {
+  std::vector<float> first;
+  for (int run = 0; run < 3; ++run) {
+    auto comms = make_host_communicators(4);
+    std::vector<float> out;
+    on_ranks(comms, [&](int r, Communicator& c) {
+      std::vector<float> buf(100003);
+      std::mt19937 rng(r);
+      std::normal_distribution<float> d;
+      for (auto& v : buf) v = d(rng) * 1e3f;
+      // random delays so thread timing differs run to run
+      std::this_thread::sleep_for(std::chrono::microseconds((run * 7 + r * 13) % 50));
+      c.all_reduce(buf.data(), buf.size(), DType::f32, ReduceOp::sum);
+      if (r == 2) out = buf;
+    });
+    if (run == 0) {
+      first = out;
+    } else {
+      EXPECT_EQ(0, std::memcmp(first.data(), out.data(), first.size() * 4)) << "run " << run;
+    }
+  }
+}
+
+TEST(HostComm, BroadcastGatherScatterBarrier) {
+  for (size_t count : {size_t(1), size_t(7), size_t(1000003)}) {
+    const int world = 3;
+    auto comms = make_host_communicators(world);
+    on_ranks(comms, [&](int r, Communicator& c) {
+      std::vector<float> b(count, static_cast<float>(r + 10));
+      c.broadcast(b.data(), count, DType::f32, 1);
+      EXPECT_EQ(b[count - 1], 11.f);
+      std::vector<float> send(count, static_cast<float>(r)), recv(count * world);
+      c.all_gather(send.data(), recv.data(), count, DType::f32);
+      for (int q = 0; q < world; ++q) EXPECT_EQ(recv[q * count + count - 1], static_cast<float>(q));
+      std::vector<float> rs_send(count * world), rs_recv(count);
+      for (size_t i = 0; i < rs_send.size(); ++i) rs_send[i] = static_cast<float>(i % 5 + r);
+      c.reduce_scatter(rs_send.data(), rs_recv.data(), count, DType::f32, ReduceOp::sum);
+      size_t i0 = r * count;
+      EXPECT_EQ(rs_recv[0], static_cast<float>(3 * (i0 % 5) + 0 + 1 + 2));
+      std::vector<uint16_t> hb(count);
+      float one = static_cast<float>(r + 1);
+      for (auto& h : hb) convert(&one, DType::f32, &h, DType::bf16, 1);
+      c.broadcast(hb.data(), count, DType::bf16, 2);
+      EXPECT_EQ(to_float(hb, DType::bf16)[0], 3.f);
+      c.barrier();
+    });
+  }
+}
+
+TEST(HostComm, AsyncOverlapsAndCompletesInOrder) {
+  auto comms = make_host_communicators(2);
+  on_ranks(comms, [&](int r, Communicator& c) {
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(1000, 1.f));
+    std::vector<WorkHandle> ws;
+    for (auto& b : bufs) ws.push_back(c.all_reduce_async(b.data(), b.size(), DType::f32, ReduceOp::sum));
+    for (auto& w : ws) w->wait();
+    for (auto& b : bufs) EXPECT_EQ(b[999], 2.f);
+  });
+}
+
+TEST(HostComm, MismatchedCollectivesAreAnError) {
+  auto comms = make_host_communicators(2);
+  EXPECT_THROW(on_ranks(comms,
+                        [&](int r, Communicator& c) {
+                          std::vector<float> b(r == 0 ? 10 : 11);
+                          c.all_reduce(b.data(), b.size(), DType::f32, ReduceOp::sum);
+                        }),
+               CommError);
+}
+
+TEST(HostComm, TimeoutNamesTheMissingRank) {
+  HostCommOptions o;
+  o.timeout = std::chrono::milliseconds(200);
+  auto comms = make_host_communicators(3, o);
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    on_ranks(comms, [&](int r, Communicator& c) {
+      if (r == 2) return;  // never joins
+      c.barrier();
+    });
+    FAIL() << "expected a time-out";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank(s) 2"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(ReplicaGroupTest, RunsOnEveryReplicaAndSurfacesErrorsWithRank) {
+  GroupOptions o;
+  o.cpu_pool.bytes = 64 << 20;
+  ReplicaGroup group(parse_devices("cpu:3"), o);
+  std::vector<int> seen(3, -1);
+  group.run([&](Replica& r) {
+    seen[r.rank()] = r.world();
+    float v = static_cast<float>(r.rank());
+    r.psum(&v, 1);
+    EXPECT_EQ(v, 3.f);
+    auto all = r.all_gather(&v, 1);
+    EXPECT_EQ(all.size(), 3u);
+  });
+  EXPECT_EQ(seen, std::vector<int>({3, 3, 3}));
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    group.run([&](Replica& r) {
+      if (r.rank() == 1) throw std::runtime_error("planted failure");
+      float v = 0;
+      r.psum(&v, 1);  // ranks 0 and 2 would wait forever for rank 1
+    });
+    FAIL() << "expected ReplicaError";
+  } catch (const ReplicaError& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_NE(std::string(e.what()).find("planted failure"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("cpu:1"), std::string::npos);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "no hang";
+  EXPECT_THROW(group.run([](Replica&) {}), Error) << "a broken group says so";
+}
