@@ -1,0 +1,29 @@
+// `replica bench ...`: benchmarks run from the command line (allreduce, train).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace replica::apps {
+
+struct AllreduceBenchOptions {
+  std::string devices = "cpu:2";
+  size_t min_bytes = 8, max_bytes = size_t(128) << 20;
+  double factor = 2;
+  int iters = 20, warmup = 5;
+  bool check = true;
+};
+// nccl-tests-style table: size, count, time, algbw, busbw, errors; plus memcpy bandwidth.
+int bench_allreduce(const AllreduceBenchOptions& o);
+
+struct TrainBenchOptions {
+  std::string config;               // empty: built-in default
+  std::vector<std::string> sets;
+  std::vector<int> replicas{1, 2};  // runs cpu:N for each
+  int64_t steps = 30, warmup = 5;
+};
+// Training throughput for each replica count, and the scaling efficiency against 1 replica.
+int bench_train(const TrainBenchOptions& o);
+
+size_t parse_size(const std::string& s);  // "8", "1K", "128M", "1G"
+
+}  // namespace replica::apps

@@ -1,0 +1,134 @@
+// The `replica` command: train, eval, devices, bench. Errors print one clear line and exit 2
+// (configuration) or 1 (anything else).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "apps/bench.h"
+#include "core/device.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/memory_pool.h"
+#include "core/pools.h"
+#include "train/model_io.h"
+#include "train/trainer.h"
+
+using namespace replica;
+
+namespace {
+
+int cmd_devices(const std::string& config, const std::vector<std::string>& sets) {
+  std::string why;
+  auto gpus = cuda_devices(&why);
+  std::printf("CUDA: %s\n", cuda_compiled() ? "built in" : "not built (-DREPLICA_CUDA=OFF or no nvcc)");
+  if (gpus.empty()) std::printf("  no GPU: %s\n", why.c_str());
+  for (auto& g : gpus) {
+    PoolOptions o = default_pool_options(DeviceKind::cuda);
+    size_t take = o.bytes ? o.bytes : static_cast<size_t>(g.total_memory * o.fraction);
+    std::printf("  %s  %s  cc %d.%d  %d SMs  memory %s total, %s free  %s  pool: %s %s%s\n", g.device.str().c_str(),
+                g.name.c_str(), g.cc_major, g.cc_minor, g.multiprocessors, format_bytes(g.total_memory).c_str(),
+                format_bytes(g.free_memory).c_str(), g.uuid.c_str(), allocator_mode_name(o.mode),
+                format_bytes(take).c_str(), take > g.free_memory ? "  (more than is free now!)" : "");
+  }
+  auto cfg = train::load_config(config, sets);
+  auto devices = parse_devices(cfg.parallel.devices);
+  auto cpu = cpu_device_info(0);
+  std::printf("CPU: %s, %d cores, %s memory (%s available)\n", cpu.name.c_str(), host_core_count(),
+              format_bytes(cpu.total_memory).c_str(), format_bytes(cpu.free_memory).c_str());
+  std::printf("This configuration (%s) uses %zu replica(s):\n", cfg.parallel.devices.c_str(), devices.size());
+  for (auto& d : devices) {
+    PoolOptions o = default_pool_options(d.kind);
+    if (cfg.memory.mode) o.mode = parse_allocator_mode(*cfg.memory.mode, "memory.mode");
+    if (cfg.memory.fraction) o.fraction = *cfg.memory.fraction;
+    if (cfg.memory.bytes) o.bytes = *cfg.memory.bytes;
+    size_t total = d.kind == DeviceKind::cpu ? host_physical_memory() : gpus.at(d.index).total_memory;
+    size_t cap = o.bytes ? o.bytes : static_cast<size_t>(total * o.fraction);
+    std::printf("  %s: pool %s, %s %s\n", d.str().c_str(), allocator_mode_name(o.mode),
+                o.mode == AllocatorMode::preallocate ? "takes" : "may grow to", format_bytes(cap).c_str());
+  }
+  return 0;
+}
+
+int cmd_eval(const std::string& config, const std::vector<std::string>& sets, const std::string& model_path) {
+  auto cfg = train::load_config(config, sets);
+  train::Trainer trainer(cfg, {.print = false, .on_step = nullptr});
+  trainer.group().run([&](parallel::Replica& rep) { train::load_model(trainer.model(rep.rank()), model_path); });
+  auto r = trainer.evaluate();
+  std::printf("%s on %s: test loss %.4f accuracy %.2f%% (%ld images)\n", model_path.c_str(), cfg.data.dataset.c_str(),
+              r.loss, 100 * r.accuracy, (long)r.count);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"replica: data-parallel training of ResNets on CPU replicas and GPUs"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "debug, info, warn, error or off");
+
+  std::string config, devices, run_dir, model_path;
+  std::vector<std::string> sets;
+  auto add_common = [&](CLI::App* c) {
+    c->add_option("config", config, "YAML run configuration (default: the built-in configs/default.yaml)");
+    c->add_option("--set", sets, "override a key: --set train.epochs=1 (repeatable)")->allow_extra_args(false);
+    c->add_option("--devices", devices, "auto, cpu:N, cuda:0,1 (overrides parallel.devices)");
+  };
+  auto* train_cmd = app.add_subcommand("train", "train a model");
+  add_common(train_cmd);
+  train_cmd->add_option("--run-dir", run_dir, "where to write config, metrics and the model (train.run_dir)");
+  auto* eval_cmd = app.add_subcommand("eval", "evaluate a saved model on the test split");
+  add_common(eval_cmd);
+  eval_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)")->required();
+  auto* dev_cmd = app.add_subcommand("devices", "list devices and the memory pool each would take");
+  add_common(dev_cmd);
+
+  auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
+  bench_cmd->require_subcommand(1);
+  apps::AllreduceBenchOptions ar;
+  std::string min_s = "8", max_s = "128M";
+  auto* ar_cmd = bench_cmd->add_subcommand("allreduce", "all-reduce bandwidth, nccl-tests style");
+  ar_cmd->add_option("--devices", ar.devices, "ranks, e.g. cpu:2");
+  ar_cmd->add_option("-b,--minbytes", min_s, "smallest size (8, 1K, 1M)");
+  ar_cmd->add_option("-e,--maxbytes", max_s, "largest size");
+  ar_cmd->add_option("-f,--stepfactor", ar.factor, "size multiplier");
+  ar_cmd->add_option("-n,--iters", ar.iters, "timed iterations per size");
+  apps::TrainBenchOptions tb;
+  auto* tb_cmd = bench_cmd->add_subcommand("train", "training throughput for 1..N CPU replicas");
+  tb_cmd->add_option("config", tb.config, "YAML run configuration (default: built-in)");
+  tb_cmd->add_option("--set", tb.sets, "override a key (repeatable)");
+  tb_cmd->add_option("--replicas", tb.replicas, "replica counts to run, e.g. --replicas 1 2");
+  tb_cmd->add_option("--steps", tb.steps, "timed steps per run");
+  tb_cmd->add_option("--warmup", tb.warmup, "untimed steps first");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    set_log_level(parse_log_level(log_level, "--log-level"));
+    if (!devices.empty()) sets.push_back("parallel.devices=" + devices);
+    if (!run_dir.empty()) sets.push_back("train.run_dir=" + run_dir);
+    if (*train_cmd) {
+      auto cfg = train::load_config(config, sets);
+      train::Trainer trainer(cfg);
+      trainer.fit();
+      return 0;
+    }
+    if (*eval_cmd) return cmd_eval(config, sets, model_path);
+    if (*dev_cmd) return cmd_devices(config, sets);
+    if (*ar_cmd) {
+      ar.min_bytes = apps::parse_size(min_s);
+      ar.max_bytes = apps::parse_size(max_s);
+      return apps::bench_allreduce(ar);
+    }
+    if (*tb_cmd) return apps::bench_train(tb);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "replica: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "replica: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

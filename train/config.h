@@ -1,0 +1,99 @@
+// RunConfig: the YAML run configuration (sections model / data / train / optim / parallel /
+// memory), `--set key=value` overrides, and validation. Unknown keys and bad values are
+// ConfigErrors naming the file, line and key, with a suggestion for a misspelt key.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace replica::train {
+
+struct ModelConfig {
+  std::string arch = "resnet20";
+  int64_t width = 0;  // 0: the architecture's default
+  bool zero_init_residual = false;
+};
+
+struct DataConfig {
+  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | cifar10 | synthetic
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  int64_t pad_crop = 0;
+  bool hflip = false;
+  std::vector<float> mean{0.2860f}, std{0.3530f};
+  std::vector<int64_t> synthetic_shape{28, 28, 1};  // H, W, C
+  int64_t synthetic_classes = 10;
+  int64_t synthetic_size = 60000;
+  int prefetch = 2;
+  int64_t limit_train = 0;  // use only the first N training samples (0 = all)
+  int64_t limit_test = 0;
+};
+
+struct TrainConfig {
+  double epochs = 3;
+  int64_t global_batch = 128;
+  int64_t micro_batch = 0;  // 0: global_batch / replicas (no accumulation)
+  std::string precision = "fp32";
+  uint64_t seed = 0;
+  int64_t log_every = 50;
+  int64_t max_steps = 0;  // stop after this many steps (0 = no limit)
+  std::string run_dir = "runs/default";
+  bool eval = true;
+  int64_t eval_batch = 500;
+};
+
+struct OptimConfig {
+  std::string name = "sgd";
+  double lr = 0.1;
+  double momentum = 0.9;
+  bool nesterov = true;
+  double weight_decay = 5e-4;
+  bool decoupled_weight_decay = false;
+  bool no_decay_bn_bias = false;
+  std::string schedule = "cosine";  // constant | step | cosine
+  double warmup_epochs = 0;
+  double warmup_start_factor = 0.04;
+  std::vector<double> milestones;   // epochs, for schedule: step
+  double gamma = 0.1;
+  double min_lr = 0;
+  bool scale_lr = false;  // linear scaling rule: lr * global_batch / 256
+};
+
+struct ParallelConfig {
+  std::string devices = "cpu:2";
+  bool sync_bn = false;
+  double bucket_mb = 25;
+  double first_bucket_mb = 1;
+  int64_t check_every = 100;
+  double timeout_s = 300;
+  bool pin_threads = true;
+};
+
+struct MemoryConfig {
+  std::optional<std::string> mode;   // unset: the device kind's default, then REPLICA_* env
+  std::optional<double> fraction;
+  std::optional<uint64_t> bytes;
+};
+
+struct RunConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  ParallelConfig parallel;
+  MemoryConfig memory;
+  std::string source;    // file name, or "built-in default"
+  std::string resolved;  // the effective configuration as YAML (written to the run directory)
+};
+
+// The built-in default configuration (configs/default.yaml, compiled in).
+const std::string& default_config_text();
+// Parses `text` (named `source` in errors), applies `sets` ("section.key=value"), validates.
+RunConfig parse_config(const std::string& text, const std::string& source,
+                       const std::vector<std::string>& sets = {});
+// Reads `path` (or the built-in default when empty) and parses it.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& sets = {});
+
+// "2GiB", "512MiB", "1e9" -> bytes; throws ConfigError naming `what`.
+uint64_t parse_bytes(const std::string& s, const std::string& what);
+
+}  // namespace replica::train

@@ -1,0 +1,77 @@
+// ReplicaStep implementation.
+#include "train/replica_step.h"
+
+#include <cmath>
+
+#include "core/errors.h"
+
+namespace replica::train {
+
+ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Optimizer& opt, StepOptions o)
+    : rep_(replica), model_(model), opt_(opt), o_(o) {
+  std::vector<int64_t> offsets;
+  for (const auto& p : model.registry().params()) offsets.push_back(p.offset);
+  sync_ = std::make_unique<parallel::GradientSync>(offsets, model.grads(), replica.comm(), o.buckets);
+}
+
+void ReplicaStep::zero_grad() {
+  model_.zero_grad();
+  loss_sum_ = correct_ = count_ = 0;
+  micro_seen_ = 0;
+}
+
+void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool last) {
+  auto& be = ops::backend_for(rep_.device());
+  nn::Context ctx(rep_.pool(), be, true);
+  if (o_.sync_bn && rep_.world() > 1)
+    ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum(d, n); };
+  sync_->begin(last);
+  ctx.on_grads_ready = [this](int first, int count) { sync_->ready(first, count); };
+  Tensor logits = model_.forward(ctx, images);
+  Tensor probs = ctx.alloc(logits.shape());
+  auto r = be.softmax_xent_forward(logits, labels, probs);
+  logits = Tensor();
+  Tensor dlogits = ctx.alloc(probs.shape());
+  const float weight = 1.0f / static_cast<float>(o_.micro_batch * o_.accumulation);
+  be.softmax_xent_backward(probs, labels, weight, dlogits);
+  probs = Tensor();
+  model_.backward(ctx, dlogits);
+  loss_sum_ += r.loss_sum;
+  correct_ += static_cast<double>(r.correct);
+  count_ += static_cast<double>(images.dim(0));
+  micro_seen_++;
+}
+
+StepStatus ReplicaStep::apply(float lr) {
+  if (micro_seen_ != o_.accumulation)
+    throw Error("ReplicaStep::apply after " + std::to_string(micro_seen_) + " micro-steps; expected " +
+                std::to_string(o_.accumulation));
+  sync_->finish();
+  float sums[3] = {static_cast<float>(loss_sum_), static_cast<float>(correct_), static_cast<float>(count_)};
+  if (rep_.world() > 1) rep_.psum(sums, 3);
+  StepStatus st;
+  st.samples = static_cast<int64_t>(sums[2]);
+  st.loss = sums[0] / sums[2];
+  st.accuracy = sums[1] / sums[2];
+  st.lr = lr;
+  st.step = opt_.steps() + 1;
+  // Every replica holds the same reduced loss, so every replica stops here together.
+  if (!std::isfinite(st.loss))
+    throw TrainingError("the loss is " + std::string(std::isnan(st.loss) ? "NaN" : "infinite") + " at step " +
+                        std::to_string(st.step) + " (lr " + std::to_string(lr) +
+                        "): the run diverged. Lower optim.lr, add optim.warmup_epochs, or check the data.");
+  st.grad_norm = std::sqrt(ops::backend_for(rep_.device()).sum_squares(model_.grads()));
+  opt_.step(model_.params(), model_.grads(), lr);
+  return st;
+}
+
+EvalSums ReplicaStep::eval_batch(const Tensor& images, const Tensor& labels) {
+  auto& be = ops::backend_for(rep_.device());
+  nn::Context ctx(rep_.pool(), be, false);
+  Tensor logits = model_.forward(ctx, images);
+  Tensor probs = ctx.alloc(logits.shape());
+  auto r = be.softmax_xent_forward(logits, labels, probs);
+  return {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(images.dim(0))};
+}
+
+}  // namespace replica::train

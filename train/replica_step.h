@@ -1,0 +1,73 @@
+// ReplicaStep: one replica's training step, with the micro-step loop in plain sight (llm.c's
+// style) so a custom trainer can drive it:
+//
+//   rs.zero_grad();
+//   for (k = 0; k < accumulation; ++k)
+//     rs.micro_step(batch[k].images, batch[k].labels, /*last=*/k == accumulation - 1);
+//   StepStatus st = rs.apply(lr);   // waits for the bucket all-reduces, checks, updates
+//
+// Gradients add up across micro-steps with no communication (no_sync); the last micro-step's
+// backward starts the bucket all-reduces as buckets fill. Each micro-step's loss is weighted by
+// 1 / (micro_batch * accumulation), and the all-reduce averages over replicas, so the update
+// equals one step on the whole global batch.
+#pragma once
+#include <memory>
+
+#include "ops/nn/model.h"
+#include "optim/optimizer.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/replica_group.h"
+
+namespace replica::train {
+
+struct StepStatus {
+  bool applied = true;    // false when the step was skipped (never, in fp32)
+  int64_t step = 0;       // optimizer steps applied so far, this one included
+  double loss = 0;        // mean over the global batch
+  double accuracy = 0;    // fraction correct over the global batch
+  double grad_norm = 0;   // L2 norm of the averaged gradient
+  float lr = 0;
+  float scale = 1;        // loss scale (1 in fp32)
+  int64_t samples = 0;    // global batch size
+};
+
+struct EvalSums {
+  double loss_sum = 0;
+  double correct = 0;
+  double count = 0;
+};
+
+struct StepOptions {
+  int accumulation = 1;
+  int64_t micro_batch = 1;
+  bool sync_bn = false;
+  parallel::BucketOptions buckets;
+};
+
+class ReplicaStep {
+ public:
+  ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Optimizer& opt, StepOptions o);
+
+  void zero_grad();
+  // Forward, loss, backward on one micro-batch; `last` starts the gradient all-reduce.
+  void micro_step(const Tensor& images, const Tensor& labels, bool last);
+  // Waits for the all-reduce, reduces the metrics, checks the loss, updates the parameters.
+  StepStatus apply(float lr);
+  // Forward in eval mode; returns this replica's sums (the caller reduces across replicas).
+  EvalSums eval_batch(const Tensor& images, const Tensor& labels);
+
+  nn::Model& model() { return model_; }
+  parallel::Replica& replica() { return rep_; }
+  const parallel::GradientSync& sync() const { return *sync_; }
+
+ private:
+  parallel::Replica& rep_;
+  nn::Model& model_;
+  optim::Optimizer& opt_;
+  StepOptions o_;
+  std::unique_ptr<parallel::GradientSync> sync_;
+  double loss_sum_ = 0, correct_ = 0, count_ = 0;
+  int micro_seen_ = 0;
+};
+
+}  // namespace replica::train

@@ -1,0 +1,308 @@
+// Trainer implementation: set-up (data, devices, pools, models, batch arithmetic, schedule), the
+// per-replica fit loop, evaluation, progress and the run directory.
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/alloc_trace.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/pools.h"
+#include "ops/models/resnet.h"
+#include "train/model_io.h"
+
+namespace replica::train {
+
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<data::Dataset> make_dataset(const DataConfig& d, const std::string& split) {
+  std::shared_ptr<data::Dataset> ds;
+  if (d.dataset == "fashion-mnist" || d.dataset == "mnist") {
+    ds = data::load_mnist_dir(d.path, split, d.dataset);
+  } else if (d.dataset == "cifar10") {
+    ds = data::load_cifar10_dir(d.path, split);
+  } else {
+    auto& s = d.synthetic_shape;
+    int64_t n = split == "train" ? d.synthetic_size : std::max<int64_t>(1, d.synthetic_size / 10);
+    ds = std::make_shared<data::SyntheticDataset>(Shape{s[0], s[1], s[2]}, d.synthetic_classes, n,
+                                                  split == "train" ? 1 : 2);
+  }
+  int64_t limit = split == "train" ? d.limit_train : d.limit_test;
+  if (limit > 0 && limit < ds->size()) ds = std::make_shared<data::SubsetDataset>(ds, limit);
+  return ds;
+}
+
+namespace {
+
+std::string json_num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {
+  PoolOptions o = default_pool_options(kind);  // device default, then REPLICA_* environment
+  if (m.mode) {
+    o.mode = parse_allocator_mode(*m.mode, "memory.mode");
+    o.mode_source = "memory.mode";
+  }
+  if (m.fraction) {
+    o.fraction = *m.fraction;
+    o.fraction_source = "memory.fraction";
+  }
+  if (m.bytes) o.bytes = *m.bytes;
+  return o;
+}
+
+}  // namespace
+
+Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
+  auto devices = parse_devices(cfg_.parallel.devices);
+  const int R = static_cast<int>(devices.size());
+  const int64_t B = cfg_.train.global_batch;
+  micro_ = cfg_.train.micro_batch ? cfg_.train.micro_batch : B / R;
+  if (micro_ < 1 || B % (micro_ * R) != 0)
+    throw ConfigError("train.global_batch " + std::to_string(B) + " is not micro_batch " + std::to_string(micro_) +
+                      " x accumulation steps x " + std::to_string(R) +
+                      " replicas for any whole number of accumulation steps; pick a global batch divisible by "
+                      "micro_batch x replicas (" + std::to_string(std::max<int64_t>(micro_, 1) * R) + ")");
+  accumulation_ = static_cast<int>(B / (micro_ * R));
+
+  train_ = make_dataset(cfg_.data, "train");
+  test_ = make_dataset(cfg_.data, "test");
+  const Shape s = train_->sample_shape();
+  if (!cfg_.data.mean.empty() && static_cast<int64_t>(cfg_.data.mean.size()) != s[2])
+    throw ConfigError(cfg_.source + ": data.mean has " + std::to_string(cfg_.data.mean.size()) + " values but " +
+                      train_->name() + " images have " + std::to_string(s[2]) + " channel(s)");
+  aug_ = {cfg_.data.pad_crop, cfg_.data.hflip, cfg_.data.mean, cfg_.data.std};
+  sharding_ = std::make_unique<data::Sharding>(train_->size(), micro_, accumulation_, R, cfg_.train.seed, true);
+
+  const int64_t spe = sharding_->steps_per_epoch();
+  total_steps_ = std::max<int64_t>(1, std::llround(cfg_.train.epochs * spe));
+  if (cfg_.train.max_steps) total_steps_ = std::min(total_steps_, cfg_.train.max_steps);
+  sched_.kind = cfg_.optim.schedule;
+  sched_.base_lr = static_cast<float>(cfg_.optim.scale_lr ? optim::scaled_lr(cfg_.optim.lr, B) : cfg_.optim.lr);
+  sched_.warmup_steps = std::llround(cfg_.optim.warmup_epochs * spe);
+  sched_.warmup_start_factor = static_cast<float>(cfg_.optim.warmup_start_factor);
+  sched_.total_steps = std::max<int64_t>(1, std::llround(cfg_.train.epochs * spe));
+  sched_.min_lr = static_cast<float>(cfg_.optim.min_lr);
+  sched_.gamma = static_cast<float>(cfg_.optim.gamma);
+  for (double m : cfg_.optim.milestones) sched_.milestones.push_back(std::llround(m * spe));
+  optim::validate(sched_);
+
+  parallel::GroupOptions go;
+  go.cpu_pool = pool_options(cfg_.memory, DeviceKind::cpu);
+  go.cuda_pool = pool_options(cfg_.memory, DeviceKind::cuda);
+  go.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000));
+  go.pin_threads = cfg_.parallel.pin_threads;
+  group_ = std::make_unique<parallel::ReplicaGroup>(devices, go);
+
+  models::ResNetConfig mc{.arch = cfg_.model.arch, .in_channels = s[2], .num_classes = train_->classes(),
+                          .height = s[0], .width = s[1], .base_width = cfg_.model.width,
+                          .zero_init_residual = cfg_.model.zero_init_residual};
+  states_.resize(R);
+  group_->run([&](parallel::Replica& rep) {
+    auto& st = states_[rep.rank()];
+    st.model = models::make_resnet(mc);
+    st.model->materialize(rep.pool(), cfg_.train.seed);
+    // Same seed everywhere already; the broadcast makes "rank 0's weights" a guarantee.
+    parallel::broadcast_from_root(rep.comm(), st.model->params());
+    parallel::broadcast_from_root(rep.comm(), st.model->buffers());
+    optim::SgdOptions so{.momentum = static_cast<float>(cfg_.optim.momentum),
+                         .nesterov = cfg_.optim.nesterov,
+                         .weight_decay = static_cast<float>(cfg_.optim.weight_decay),
+                         .decoupled = cfg_.optim.decoupled_weight_decay,
+                         .no_decay_bn_bias = cfg_.optim.no_decay_bn_bias};
+    st.opt = std::make_unique<optim::Sgd>(st.model->registry(), st.model->num_params(), rep.pool(), so);
+    st.step = std::make_unique<ReplicaStep>(
+        rep, *st.model, *st.opt,
+        StepOptions{accumulation_, micro_, cfg_.parallel.sync_bn,
+                    {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb}});
+    st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), rep.pool(), aug_,
+                                                      cfg_.train.seed, cfg_.data.prefetch);
+  });
+}
+
+Trainer::~Trainer() {
+  for (auto& s : states_) s.loader.reset();  // stop prefetch threads before pools go
+}
+
+void Trainer::log_line(const std::string& json) {
+  if (metrics_path_.empty()) return;
+  std::ofstream out(metrics_path_, std::ios::app);
+  out << json << '\n';
+}
+
+EvalResult Trainer::evaluate_on(parallel::Replica& rep) {
+  auto& st = states_[rep.rank()];
+  // Batch-norm running statistics differ per replica (each saw its own shard): evaluate with
+  // their average, the same on every replica.
+  if (rep.world() > 1) rep.pmean(st.model->buffers().data<float>(), static_cast<size_t>(st.model->buffers().numel()));
+  const int R = rep.world();
+  const int64_t eb = cfg_.train.eval_batch, N = test_->size();
+  const Shape s = test_->sample_shape();
+  double sums[3] = {0, 0, 0};
+  for (int64_t j = 0; j * eb * R < N; ++j) {
+    const int64_t lo = (j * R + rep.rank()) * eb, hi = std::min(N, lo + eb);
+    if (lo >= hi) continue;
+    std::vector<int64_t> idx;
+    for (int64_t i = lo; i < hi; ++i) idx.push_back(i);
+    Tensor x = Tensor::empty(rep.pool(), {hi - lo, s[0], s[1], s[2]}, DType::f32, MemTag::activations);
+    Tensor y = Tensor::empty(rep.pool(), {hi - lo}, DType::i32, MemTag::activations);
+    data::load_samples(*test_, idx, aug_, false, cfg_.train.seed, 0, x.data<float>(), y.data<int32_t>());
+    auto e = st.step->eval_batch(x, y);
+    sums[0] += e.loss_sum;
+    sums[1] += e.correct;
+    sums[2] += e.count;
+  }
+  float f[3] = {static_cast<float>(sums[0]), static_cast<float>(sums[1]), static_cast<float>(sums[2])};
+  if (R > 1) rep.psum(f, 3);
+  return {f[0] / f[2], f[1] / f[2], static_cast<int64_t>(f[2])};
+}
+
+EvalResult Trainer::evaluate() {
+  EvalResult r;
+  group_->run([&](parallel::Replica& rep) {
+    auto e = evaluate_on(rep);
+    if (rep.rank() == 0) r = e;
+  });
+  return r;
+}
+
+FitResult Trainer::fit() {
+  const int R = replicas();
+  const int64_t spe = sharding_->steps_per_epoch();
+  const int64_t epochs = (total_steps_ + spe - 1) / spe;
+  const bool tty = opts_.print && isatty(STDOUT_FILENO);
+  std::string run_dir = cfg_.train.run_dir;
+  std::filesystem::create_directories(run_dir);
+  write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
+  metrics_path_ = run_dir + "/metrics.jsonl";
+  std::ofstream(metrics_path_, std::ios::trunc).close();
+  if (opts_.print) {
+    std::printf("replica: %s on %s (%d replica%s, %s), %s\n", states_[0].model->summary().c_str(),
+                cfg_.parallel.devices.c_str(), R, R > 1 ? "s" : "", group_->replica(0).pool().describe().c_str(),
+                train_->name().c_str());
+    std::printf("replica: global batch %ld = micro-batch %ld x %d accumulation step%s x %d replica%s; %ld steps "
+                "(%ld per epoch); lr %.4g %s\n",
+                (long)cfg_.train.global_batch, (long)micro_, accumulation_, accumulation_ > 1 ? "s" : "", R,
+                R > 1 ? "s" : "", (long)total_steps_, (long)spe, sched_.base_lr, sched_.kind.c_str());
+    std::fflush(stdout);
+  }
+  FitResult result;
+  auto t_start = Clock::now();
+  double train_seconds = 0;
+  group_->run([&](parallel::Replica& rep) {
+    auto& st = states_[rep.rank()];
+    const bool lead = rep.rank() == 0;
+    int64_t global_step = 0;
+    auto t_window = Clock::now();
+    int64_t window_images = 0;
+    double window_loss = 0, window_acc = 0;
+    int window_steps = 0;
+    for (int64_t epoch = 0; epoch < epochs && global_step < total_steps_; ++epoch) {
+      auto t_epoch = Clock::now();
+      st.loader->begin_epoch(epoch, 0);
+      for (int64_t s = 0; s < spe && global_step < total_steps_; ++s) {
+        st.step->zero_grad();
+        for (int k = 0; k < accumulation_; ++k) {
+          data::Batch b = st.loader->next();
+          st.step->micro_step(b.images, b.labels, k == accumulation_ - 1);
+        }
+        StepStatus status = st.step->apply(optim::lr_at(sched_, global_step));
+        global_step++;
+        if (cfg_.parallel.check_every && global_step % cfg_.parallel.check_every == 0)
+          parallel::check_replicas_agree(rep.comm(), st.model->params(), global_step);
+        if (!lead) continue;
+        result.history.push_back(status);
+        if (opts_.on_step) opts_.on_step(status);
+        window_images += status.samples;
+        window_loss += status.loss;
+        window_acc += status.accuracy;
+        window_steps++;
+        const bool log_now = global_step % cfg_.train.log_every == 0 || global_step == total_steps_;
+        if (tty || log_now) {
+          double dt = std::chrono::duration<double>(Clock::now() - t_window).count();
+          double ips = window_images / std::max(dt, 1e-9);
+          auto ps = rep.pool().stats();
+          char line[256];
+          std::snprintf(line, sizeof line,
+                        "epoch %ld/%ld step %ld/%ld loss %.4f acc %5.1f%% lr %.4g %.0f img/s pool %.0f/%.0f MiB",
+                        (long)epoch + 1, (long)epochs, (long)global_step, (long)total_steps_,
+                        window_loss / window_steps, 100 * window_acc / window_steps, status.lr, ips,
+                        ps.in_use / 1048576.0, ps.peak_in_use / 1048576.0);
+          if (opts_.print) {
+            if (tty) std::printf("\r%s\033[K%s", line, log_now ? "\n" : "");
+            else if (log_now) std::printf("%s\n", line);
+            std::fflush(stdout);
+          }
+          if (log_now) {
+            std::ostringstream js;
+            js << "{\"kind\":\"step\",\"step\":" << global_step << ",\"epoch\":" << epoch + 1
+               << ",\"loss\":" << json_num(window_loss / window_steps)
+               << ",\"accuracy\":" << json_num(window_acc / window_steps) << ",\"lr\":" << json_num(status.lr)
+               << ",\"scale\":" << json_num(status.scale) << ",\"skipped\":0,\"grad_norm\":" << json_num(status.grad_norm)
+               << ",\"img_per_s\":" << json_num(ips) << ",\"data_wait_s\":" << json_num(st.loader->wait_seconds())
+               << ",\"pool_in_use_mib\":[";
+            for (int r = 0; r < R; ++r)
+              js << (r ? "," : "") << json_num(group_->replica(r).pool().stats().in_use / 1048576.0);
+            js << "],\"pool_peak_mib\":[";
+            for (int r = 0; r < R; ++r)
+              js << (r ? "," : "") << json_num(group_->replica(r).pool().stats().peak_in_use / 1048576.0);
+            js << "]}";
+            log_line(js.str());
+            t_window = Clock::now();
+            window_images = 0;
+            window_loss = window_acc = 0;
+            window_steps = 0;
+          }
+        }
+      }
+      double epoch_s = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+      if (lead) train_seconds += epoch_s;
+      if (cfg_.train.eval) {
+        EvalResult e = evaluate_on(rep);
+        if (lead) {
+          result.test = e;
+          if (opts_.print) {
+            std::printf("epoch %ld: test loss %.4f accuracy %.2f%% (%ld images), epoch took %.1f s\n", (long)epoch + 1,
+                        e.loss, 100 * e.accuracy, (long)e.count, epoch_s);
+            std::fflush(stdout);
+          }
+          std::ostringstream js;
+          js << "{\"kind\":\"eval\",\"step\":" << global_step << ",\"epoch\":" << epoch + 1
+             << ",\"loss\":" << json_num(e.loss) << ",\"accuracy\":" << json_num(e.accuracy) << ",\"count\":" << e.count
+             << ",\"epoch_seconds\":" << json_num(epoch_s) << "}";
+          log_line(js.str());
+        }
+      }
+    }
+    if (!cfg_.train.eval && rep.world() > 1)
+      rep.pmean(st.model->buffers().data<float>(), static_cast<size_t>(st.model->buffers().numel()));
+    if (lead) {
+      result.steps = global_step;
+      if (!result.history.empty()) result.last_loss = result.history.back().loss;
+      save_model(*st.model, st.model->params(), st.model->buffers(), run_dir + "/model.bin");
+    }
+  });
+  result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  int64_t images = 0;
+  for (auto& h : result.history) images += h.samples;
+  result.images_per_second = images / std::max(train_seconds, 1e-9);
+  if (opts_.print) {
+    std::printf("replica: %ld steps in %.1f s (%.0f img/s training); model saved to %s/model.bin, metrics in %s\n",
+                (long)result.steps, result.seconds, result.images_per_second, run_dir.c_str(), metrics_path_.c_str());
+    std::fflush(stdout);
+  }
+  return result;
+}
+
+}  // namespace replica::train

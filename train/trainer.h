@@ -1,0 +1,79 @@
+// Trainer: the fit loop of `replica train`. Every replica thread runs the same loop (pmap style)
+// over its shard; rank 0 prints progress and writes the run directory: the resolved config,
+// metrics.jsonl (one line per logged step and per evaluation) and the final model.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "optim/schedule.h"
+#include "parallel/replica_group.h"
+#include "train/config.h"
+#include "train/replica_step.h"
+
+namespace replica::train {
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t count = 0;
+};
+
+struct FitResult {
+  int64_t steps = 0;
+  double last_loss = 0;
+  EvalResult test;
+  double seconds = 0;
+  double images_per_second = 0;  // training throughput (evaluation excluded)
+  std::vector<StepStatus> history;  // every step (rank 0's view; all ranks agree)
+};
+
+struct TrainerOptions {
+  bool print = true;  // progress to stdout (a bar on a terminal, lines otherwise)
+  std::function<void(const StepStatus&)> on_step;  // rank 0, after each step
+};
+
+// Builds the data set of a configuration's split ("train" / "test").
+std::shared_ptr<data::Dataset> make_dataset(const DataConfig& d, const std::string& split);
+
+class Trainer {
+ public:
+  explicit Trainer(RunConfig cfg, TrainerOptions opts = {});
+  ~Trainer();
+  FitResult fit();
+  EvalResult evaluate();  // after fit (or on freshly initialised / loaded weights)
+
+  parallel::ReplicaGroup& group() { return *group_; }
+  nn::Model& model(int rank) { return *states_[rank].model; }
+  int replicas() const { return static_cast<int>(states_.size()); }
+  int accumulation() const { return accumulation_; }
+  int64_t micro_batch() const { return micro_; }
+  int64_t steps_per_epoch() const { return sharding_->steps_per_epoch(); }
+  const RunConfig& config() const { return cfg_; }
+
+ private:
+  struct State {
+    std::unique_ptr<nn::Model> model;
+    std::unique_ptr<optim::Optimizer> opt;
+    std::unique_ptr<ReplicaStep> step;
+    std::unique_ptr<data::ReplicaLoader> loader;
+  };
+  EvalResult evaluate_on(parallel::Replica& rep);
+  void log_line(const std::string& json);
+
+  RunConfig cfg_;
+  TrainerOptions opts_;
+  std::shared_ptr<data::Dataset> train_, test_;
+  std::unique_ptr<parallel::ReplicaGroup> group_;
+  std::unique_ptr<data::Sharding> sharding_;
+  std::vector<State> states_;
+  data::AugmentOptions aug_;
+  optim::ScheduleOptions sched_;
+  int accumulation_ = 1;
+  int64_t micro_ = 0, total_steps_ = 0;
+  std::string metrics_path_;
+};
+
+}  // namespace replica::train
