@@ -114,7 +114,7 @@ std::map<std::string, Section> schema(RunConfig& c) {
   auto& o = c.optim;
   auto& p = c.parallel;
   auto& mem = c.memory;
-  const double inf = 1e300;
+  static constexpr double inf = 1e300;
   return {
       {"model",
        {{"arch", [&](auto& n, auto& l) {

@@ -1,0 +1,94 @@
+// Integration: the `replica` binary trains a small model for a few steps (the loss falls), writes
+// its run directory, evaluates the saved model, and reports bad input with exit code 2.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+namespace {
+
+const std::string kBin = std::string(REPLICA_BINARY_DIR) + "/apps/replica";
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = kBin + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+bool have_fashion_mnist() {
+  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+}  // namespace
+
+TEST(Cli, TrainsAndTheLossFallsThenEvaluates) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
+  const std::string dir = ::testing::TempDir() + "/cli_run";
+  std::filesystem::remove_all(dir);
+  auto r = run("train --devices cpu:2 --run-dir " + dir +
+               " --set model.width=8 --set data.limit_train=4096 --set data.limit_test=1000"
+               " --set train.global_batch=64 --set train.max_steps=40 --set train.log_every=10"
+               " --set optim.schedule=constant --set optim.lr=0.05");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("2 replicas"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("test loss"), std::string::npos) << r.out;
+  // metrics.jsonl: one line per logged step and per evaluation
+  std::ifstream m(dir + "/metrics.jsonl");
+  std::vector<double> losses;
+  std::string line;
+  int evals = 0;
+  std::regex loss_re("\"kind\":\"step\".*\"loss\":([0-9.eE+-]+)");
+  while (std::getline(m, line)) {
+    std::smatch sm;
+    if (std::regex_search(line, sm, loss_re)) losses.push_back(std::stod(sm[1]));
+    if (line.find("\"kind\":\"eval\"") != std::string::npos) evals++;
+    for (const char* field : {"\"step\":", "\"epoch\":", "\"loss\":", "\"accuracy\":"})
+      EXPECT_NE(line.find(field), std::string::npos) << line;
+  }
+  ASSERT_EQ(losses.size(), 4u);
+  EXPECT_EQ(evals, 1);
+  EXPECT_LT(losses.back(), losses.front() * 0.8) << "the loss falls: " << losses.front() << " -> " << losses.back();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/config.yaml"));
+  ASSERT_TRUE(std::filesystem::exists(dir + "/model.bin"));
+
+  auto e = run("eval --devices cpu:1 --set model.width=8 --set data.limit_test=1000 --model " + dir + "/model.bin");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("accuracy"), std::string::npos) << e.out;
+  // the wrong architecture for that file is a clear error
+  auto w = run("eval --devices cpu:1 --set model.width=16 --set data.limit_test=100 --model " + dir + "/model.bin");
+  EXPECT_EQ(w.code, 1);
+  EXPECT_NE(w.out.find("does not match"), std::string::npos) << w.out;
+}
+
+TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
+  const std::string cfg = ::testing::TempDir() + "/bad.yaml";
+  std::ofstream(cfg) << "train:\n  epcohs: 2\n";
+  auto r = run("train " + cfg);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("bad.yaml:2: train.epcohs: unknown key; did you mean 'epochs'?"), std::string::npos) << r.out;
+  r = run("train --devices cpu:0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("cpu:0"), std::string::npos) << r.out;
+  r = run("train --set data.path=/nonexistent --devices cpu:1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/nonexistent/train-images-idx3-ubyte: cannot open"), std::string::npos) << r.out;
+}
+
+TEST(Cli, DevicesListsCpuAndSaysWhyNoGpu) {
+  auto r = run("devices");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CPU:"), std::string::npos);
+  EXPECT_NE(r.out.find("cpu:1: pool growth"), std::string::npos) << r.out;
+}

@@ -1,0 +1,67 @@
+// Config: defaults, --set overrides, and every error path names the file, line and key.
+#include <gtest/gtest.h>
+
+#include "core/errors.h"
+#include "train/config.h"
+
+using namespace replica;
+using namespace replica::train;
+
+namespace {
+std::string error_of(const std::string& text, std::vector<std::string> sets = {}) {
+  try {
+    parse_config(text, "run.yaml", sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+#define EXPECT_HAS(hay, needle) EXPECT_NE((hay).find(needle), std::string::npos) << (hay)
+}  // namespace
+
+TEST(Config, BuiltInDefault) {
+  auto c = load_config("");
+  EXPECT_EQ(c.model.arch, "resnet20");
+  EXPECT_EQ(c.data.dataset, "fashion-mnist");
+  EXPECT_EQ(c.parallel.devices, "cpu:2");
+  EXPECT_EQ(c.train.global_batch, 128);
+  EXPECT_DOUBLE_EQ(c.train.epochs, 3);
+  EXPECT_EQ(c.optim.schedule, "cosine");
+  EXPECT_FALSE(c.memory.mode.has_value());
+  // The resolved config parses back to the same values.
+  auto back = parse_config(c.resolved, "resolved");
+  EXPECT_EQ(back.resolved, c.resolved);
+}
+
+TEST(Config, SetOverridesAndLists) {
+  auto c = parse_config("train:\n  epochs: 3\n", "run.yaml",
+                        {"train.epochs=1", "data.mean=[0.1,0.2,0.3]", "data.std=[1,1,1]", "memory.bytes=2GiB",
+                         "memory.mode=preallocate", "parallel.sync_bn=true"});
+  EXPECT_DOUBLE_EQ(c.train.epochs, 1);
+  EXPECT_EQ(c.data.mean.size(), 3u);
+  EXPECT_EQ(*c.memory.bytes, uint64_t(2) << 30);
+  EXPECT_EQ(*c.memory.mode, "preallocate");
+  EXPECT_TRUE(c.parallel.sync_bn);
+}
+
+TEST(Config, ErrorsNameFileLineKeyAndSuggest) {
+  auto m = error_of("model:\n  arch: resnet20\ntrain:\n  epoch: 3\n");
+  EXPECT_HAS(m, "run.yaml:4: train.epoch: unknown key; did you mean 'epochs'?");
+  EXPECT_HAS(error_of("trian:\n  epochs: 1\n"), "unknown section 'trian'; did you mean 'train'?");
+  EXPECT_HAS(error_of("train:\n  epochs: three\n"), "run.yaml:2: train.epochs: 'three' is not a number");
+  EXPECT_HAS(error_of("train:\n  global_batch: 0\n"), "train.global_batch: 0 is out of range");
+  EXPECT_HAS(error_of("model:\n  arch: resnet21\n"), "model.arch: 'resnet21' is not one of: resnet20");
+  EXPECT_HAS(error_of("memory:\n  fraction: 1.5\n"), "run.yaml:2: memory.fraction: 1.5 is not a memory fraction");
+  EXPECT_HAS(error_of("memory:\n  mode: cuda_async\n"), "memory.mode: 'cuda_async' is not one of");
+  EXPECT_HAS(error_of("memory:\n  bytes: lots\n"), "is not a size");
+  EXPECT_HAS(error_of("parallel:\n  sync_bn: maybe\n"), "'maybe' is not a boolean");
+  EXPECT_HAS(error_of("train: [1, 2\n"), "run.yaml:");
+  EXPECT_HAS(error_of("optim:\n  schedule: step\n"), "optim.schedule: step needs optim.milestones");
+  EXPECT_HAS(error_of("train:\n  precision: fp16\n"), "not available in this build yet");
+  EXPECT_HAS(error_of("", {"train.epochs"}), "expected section.key=value");
+  EXPECT_HAS(error_of("", {"train.epocs=2"}), "--set train.epocs=2: unknown key 'train.epocs'; did you mean 'epochs'?");
+  EXPECT_HAS(error_of("", {"train.epochs=-1"}), "--set train.epochs: -1 is out of range");
+  EXPECT_HAS(error_of("data:\n  mean: [0.5, 0.5]\n  std: [0.5]\n"), "same number of values");
+  EXPECT_EQ(parse_bytes("512MiB", "x"), uint64_t(512) << 20);
+  EXPECT_THROW(parse_bytes("5 parsecs", "x"), ConfigError);
+}
