@@ -117,6 +117,7 @@ PoolOptions pool_options_from_env(PoolOptions o, const char* (*getenv_fn)(const 
 
 MemoryPool::MemoryPool(Device device, std::unique_ptr<Upstream> upstream, PoolOptions options)
     : device_(device), upstream_(std::move(upstream)), options_(options) {
+  for (int b = 0; b < kBins; ++b) bins_.emplace_back(BySize(), detail::NodeAllocator<Block*>(arena_.get()));
   if (options_.bytes == 0) validate_fraction(options_.fraction, "memory.fraction (" + options_.fraction_source + ")");
   size_t total = upstream_->total_memory();
   capacity_ = options_.bytes ? options_.bytes
@@ -162,18 +163,27 @@ MemoryPool::Block* MemoryPool::new_block() {
   return b;
 }
 void MemoryPool::recycle(Block* b) { spare_blocks_.push_back(b); }
-void MemoryPool::insert_free(Block* b) { bins_[bin_of(b->size)].insert(b); }
-void MemoryPool::erase_free(Block* b) { bins_[bin_of(b->size)].erase(b); }
+void MemoryPool::insert_free(Block* b) {
+  const int bin = bin_of(b->size);
+  bins_[bin].insert(b);
+  nonempty_ |= uint64_t(1) << bin;
+}
+void MemoryPool::erase_free(Block* b) {
+  const int bin = bin_of(b->size);
+  bins_[bin].erase(b);
+  if (bins_[bin].empty()) nonempty_ &= ~(uint64_t(1) << bin);
+}
 
 MemoryPool::Block* MemoryPool::find_best_fit(size_t size) {
   Block key;
   key.size = size;
   key.ptr = nullptr;
-  for (int bin = bin_of(size); bin < kBins; ++bin) {
-    auto& set = bins_[bin];
-    if (set.empty()) continue;
-    auto it = set.lower_bound(&key);
-    if (it != set.end()) return *it;  // the first fit in a higher bin is that bin's smallest
+  uint64_t candidates = nonempty_ & ~((uint64_t(1) << bin_of(size)) - 1);
+  while (candidates) {
+    const int bin = __builtin_ctzll(candidates);
+    auto it = bins_[bin].lower_bound(&key);
+    if (it != bins_[bin].end()) return *it;  // the first fit in a higher bin is that bin's smallest
+    candidates &= candidates - 1;
   }
   return nullptr;
 }
@@ -310,9 +320,8 @@ size_t MemoryPool::largest_free_locked() const {
   if (options_.mode == AllocatorMode::platform) {
     return capacity_ - st_.reserved;
   }
-  for (int bin = kBins - 1; bin >= 0; --bin)
-    if (!bins_[bin].empty()) return (*bins_[bin].rbegin())->size;
-  return 0;
+  if (!nonempty_) return 0;
+  return (*bins_[63 - __builtin_clzll(nonempty_)].rbegin())->size;
 }
 
 PoolStats MemoryPool::stats() const {
