@@ -43,19 +43,21 @@ class Communicator {
   // Stops every pending and future collective on every rank with CommError(why).
   virtual void abort(const std::string& why) = 0;
 
-  void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  // Blocking forms. Implementations may run them on the calling thread (after any pending async
+  // collectives), which saves two thread hand-offs per call.
+  virtual void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
     all_reduce_async(data, count, dtype, op)->wait();
   }
-  void broadcast(void* data, size_t count, DType dtype, int root) {
+  virtual void broadcast(void* data, size_t count, DType dtype, int root) {
     broadcast_async(data, count, dtype, root)->wait();
   }
-  void all_gather(const void* send, void* recv, size_t count, DType dtype) {
+  virtual void all_gather(const void* send, void* recv, size_t count, DType dtype) {
     all_gather_async(send, recv, count, dtype)->wait();
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
     reduce_scatter_async(send, recv, count, dtype, op)->wait();
   }
-  void barrier() { barrier_async()->wait(); }
+  virtual void barrier() { barrier_async()->wait(); }
 };
 
 }  // namespace replica::parallel

@@ -3,6 +3,8 @@
 #include "parallel/host/host_communicator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -88,7 +90,9 @@ class HostCommState {
   Slot& slot(int r) { return slots_[r]; }
   std::vector<float>& scratch(int r) { return scratch_[r]; }
 
-  // All ranks meet; throws CommError on abort or time-out (and then aborts everyone).
+  // All ranks meet; throws CommError on abort or time-out (and then aborts everyone). Waiters
+  // spin for a few microseconds first: replicas in lock-step arrive close together, and a
+  // condition-variable sleep and wake costs tens of microseconds.
   void barrier(int rank, const char* what) {
     std::unique_lock<std::mutex> lock(m_);
     if (aborted_) throw CommError(why_);
@@ -96,10 +100,16 @@ class HostCommState {
     arrived_gen_[rank] = g + 1;
     if (++arrived_ == world_) {
       arrived_ = 0;
+      gen_atomic_.store(g + 1, std::memory_order_release);
       gen_++;
       cv_.notify_all();
       return;
     }
+    lock.unlock();
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    while (gen_atomic_.load(std::memory_order_acquire) == g && std::chrono::steady_clock::now() < spin_until)
+      std::this_thread::yield();
+    lock.lock();
     bool ok = cv_.wait_for(lock, opts_.timeout, [&] { return gen_ != g || aborted_; });
     if (aborted_) throw CommError(why_);
     if (!ok) {
@@ -141,6 +151,7 @@ class HostCommState {
   std::condition_variable cv_;
   int arrived_ = 0;
   uint64_t gen_ = 0;
+  std::atomic<uint64_t> gen_atomic_{0};
   std::vector<uint64_t> arrived_gen_;
   bool aborted_ = false;
   std::string why_;
@@ -182,6 +193,21 @@ class HostCommunicator : public Communicator {
   WorkHandle barrier_async() override { return submit({Kind::barrier}); }
   void abort(const std::string& why) override { state_->abort(why); }
 
+  void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    run_here({Kind::all_reduce, data, data, count, dtype, op, 0});
+  }
+  void broadcast(void* data, size_t count, DType dtype, int root) override {
+    if (root < 0 || root >= size()) throw CommError("broadcast: root " + std::to_string(root) + " is not a rank");
+    run_here({Kind::broadcast, data, data, count, dtype, ReduceOp::sum, root});
+  }
+  void all_gather(const void* send, void* recv, size_t count, DType dtype) override {
+    run_here({Kind::all_gather, send, recv, count, dtype, ReduceOp::sum, 0});
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
+    run_here({Kind::reduce_scatter, send, recv, count, dtype, op, 0});
+  }
+  void barrier() override { run_here({Kind::barrier}); }
+
  private:
   WorkHandle submit(Slot s) {
     auto w = std::make_shared<WorkState>();
@@ -193,6 +219,16 @@ class HostCommunicator : public Communicator {
     return w;
   }
 
+  // A blocking collective runs on the caller's thread once the async ones issued before it are
+  // done, so the order of collectives is the order of calls.
+  void run_here(const Slot& s) {
+    {
+      std::unique_lock<std::mutex> lock(qm_);
+      idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    }
+    run(s);
+  }
+
   void loop() {
     for (;;) {
       std::pair<Slot, std::shared_ptr<WorkState>> item;
@@ -202,6 +238,7 @@ class HostCommunicator : public Communicator {
         if (queue_.empty()) return;
         item = queue_.front();
         queue_.pop_front();
+        busy_ = true;
       }
       try {
         run(item.first);
@@ -209,6 +246,9 @@ class HostCommunicator : public Communicator {
       } catch (...) {
         item.second->finish(std::current_exception());
       }
+      std::lock_guard<std::mutex> lock(qm_);
+      busy_ = false;
+      if (queue_.empty()) idle_cv_.notify_all();
     }
   }
 
@@ -264,6 +304,9 @@ class HostCommunicator : public Communicator {
     for (int r = 0; r < R; ++r) srcs[r] = state_->slot(r).send;
     switch (s.kind) {
       case Kind::barrier:
+        // A second meeting, so no rank's next collective overwrites its slot while a slower rank
+        // still compares against it.
+        state_->barrier(rank_, what);
         return;
       case Kind::all_reduce: {
         if ((s.dtype == DType::i32 || s.dtype == DType::u8))
@@ -304,9 +347,10 @@ class HostCommunicator : public Communicator {
   std::shared_ptr<HostCommState> state_;
   int rank_;
   std::mutex qm_;
-  std::condition_variable qcv_;
+  std::condition_variable qcv_, idle_cv_;
   std::deque<std::pair<Slot, std::shared_ptr<WorkState>>> queue_;
   bool stop_ = false;
+  bool busy_ = false;
   std::thread worker_;  // last: starts after the queue exists
 };
 
