@@ -1,6 +1,6 @@
 // Forward+backward throughput of a ResNet on one CPU replica (one thread), and the GFLOP/s of
 // each distinct convolution against a plain Eigen GEMM of the same (M, N, K).
-//   replica_bench_model [--arch resnet20] [--batch 128] [--steps 20] [--hw 28] [--channels 1]
+//   replica_bench_model [--arch resnet20] [--batch 128] [--steps 20] [--hw 28] [--channels 1] [--threads 1]
 #include <Eigen/Core>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/pools.h"
+#include "ops/cpu/threads.h"
 #include "ops/models/resnet.h"
 
 using namespace replica;
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   std::string arch = "resnet20";
   int64_t batch = 128, steps = 20, hw = 28, channels = 1;
   bool shapes_table = true;
+  int threads = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--arch") arch = argv[i + 1];
@@ -40,11 +42,13 @@ int main(int argc, char** argv) {
     else if (k == "--hw") hw = std::stoll(argv[i + 1]);
     else if (k == "--channels") channels = std::stoll(argv[i + 1]);
     else if (k == "--shapes") shapes_table = std::string(argv[i + 1]) != "0";
+    else if (k == "--threads") threads = std::stoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
     }
   }
+  ops::set_intra_op_threads(threads);
   PoolOptions po;
   po.mode = AllocatorMode::growth;
   auto pool = make_pool({DeviceKind::cpu, 0}, po);
@@ -72,7 +76,8 @@ int main(int argc, char** argv) {
   auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) step();
   double dt = seconds_since(t0);
-  std::printf("# %s fwd+bwd, batch %ld, %ldx%ldx%ld, 1 thread\n", arch.c_str(), batch, hw, hw, channels);
+  std::printf("# %s fwd+bwd, batch %ld, %ldx%ldx%ld, %d thread%s\n", arch.c_str(), batch, hw, hw, channels, threads,
+              threads > 1 ? "s" : "");
   std::printf("replica img/s %.1f  (%.1f ms/step, peak pool in use %.1f MiB)\n", steps * batch / dt,
               1e3 * dt / steps, pool->stats().peak_in_use / 1048576.0);
 

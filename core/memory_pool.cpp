@@ -140,7 +140,7 @@ MemoryPool::MemoryPool(Device device, std::unique_ptr<Upstream> upstream, PoolOp
 
 MemoryPool::~MemoryPool() {
   if (options_.mode == AllocatorMode::platform) {
-    for (auto& [p, b] : live_) upstream_->deallocate(p, b->size);
+    live_.for_each([&](const void* p, Block* b) { upstream_->deallocate(const_cast<void*>(p), b->size); });
   }
   for (auto& [p, n] : regions_) upstream_->deallocate(p, n);
 }
@@ -249,7 +249,7 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
     b->free = false;
     b->tag = tag;
     b->requested = bytes;
-    live_[p] = b;
+    live_.insert(p, b);
     st_.reserved += rounded;
     st_.peak_reserved = std::max(st_.peak_reserved, st_.reserved);
     on_alloc(rounded, bytes, tag, p);
@@ -275,7 +275,7 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
   b->free = false;
   b->tag = tag;
   b->requested = bytes;
-  live_[b->ptr] = b;
+  live_.insert(b->ptr, b);
   on_alloc(b->size, bytes, tag, b->ptr);
   return b->ptr;
 }
@@ -283,11 +283,11 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
 void MemoryPool::deallocate(void* p) {
   if (!p) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(p);
-  if (it == live_.end())
-    throw Error("MemoryPool(" + device_.str() + "): deallocate of a pointer this pool did not hand out");
-  Block* b = it->second;
-  live_.erase(it);
+  bool found = false;
+  Block* b = live_.take(p, found);
+  if (!found)
+    throw Error("MemoryPool(" + device_.str() + "): deallocate of a pointer this pool did not hand out "
+                "(double free, or memory from another pool)");
   on_free(b->size, b->requested, b->tag, p);
   if (options_.mode == AllocatorMode::platform) {
     upstream_->deallocate(p, b->size);

@@ -10,11 +10,11 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/device.h"
 #include "core/node_arena.h"
+#include "core/ptr_map.h"
 
 namespace replica {
 
@@ -173,18 +173,13 @@ class MemoryPool {
   size_t capacity_ = 0;
   size_t next_region_ = 0;
 
-  struct PtrHash {
-    size_t operator()(const void* p) const { return std::hash<uintptr_t>()(reinterpret_cast<uintptr_t>(p) >> 8); }
-  };
   using FreeSet = std::set<Block*, BySize, detail::NodeAllocator<Block*>>;
-  using LiveMap = std::unordered_map<void*, Block*, PtrHash, std::equal_to<void*>,
-                                     detail::NodeAllocator<std::pair<void* const, Block*>>>;
 
   mutable std::mutex mu_;
   std::unique_ptr<detail::NodeArena> arena_ = std::make_unique<detail::NodeArena>();
   std::vector<FreeSet> bins_;
   uint64_t nonempty_ = 0;  // bit b set when bins_[b] has a free block: best-fit skips empty bins
-  LiveMap live_{1024, PtrHash(), std::equal_to<void*>(), detail::NodeAllocator<std::pair<void* const, Block*>>(arena_.get())};
+  detail::PtrMap<Block*> live_;
   std::vector<std::pair<char*, size_t>> regions_;
   std::vector<std::unique_ptr<Block[]>> block_slabs_;
   std::vector<Block*> spare_blocks_;

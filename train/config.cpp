@@ -183,7 +183,8 @@ std::map<std::string, Section> schema(RunConfig& c) {
         {"first_bucket_mb", [&](auto& n, auto& l) { p.first_bucket_mb = as_double(n, l, 0.001, 1e6); }},
         {"check_every", [&](auto& n, auto& l) { p.check_every = as_int(n, l, 0, int64_t(1) << 40); }},
         {"timeout_s", [&](auto& n, auto& l) { p.timeout_s = as_double(n, l, 0.01, 1e6); }},
-        {"pin_threads", [&](auto& n, auto& l) { p.pin_threads = as_bool(n, l); }}}},
+        {"pin_threads", [&](auto& n, auto& l) { p.pin_threads = as_bool(n, l); }},
+        {"intra_op_threads", [&](auto& n, auto& l) { p.intra_op_threads = static_cast<int>(as_int(n, l, 1, 1024)); }}}},
       {"memory",
        {{"mode", [&](auto& n, auto& l) { mem.mode = one_of(n, l, {"preallocate", "growth", "platform"}); }},
         {"fraction", [&](auto& n, auto& l) {
@@ -237,7 +238,8 @@ std::string emit(const RunConfig& c) {
     << YAML::Value << c.parallel.bucket_mb << YAML::Key << "first_bucket_mb" << YAML::Value
     << c.parallel.first_bucket_mb << YAML::Key << "check_every" << YAML::Value << c.parallel.check_every << YAML::Key
     << "timeout_s" << YAML::Value << c.parallel.timeout_s << YAML::Key << "pin_threads" << YAML::Value
-    << c.parallel.pin_threads << YAML::EndMap;
+    << c.parallel.pin_threads << YAML::Key << "intra_op_threads" << YAML::Value << c.parallel.intra_op_threads
+    << YAML::EndMap;
   e << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
   if (c.memory.mode) e << YAML::Key << "mode" << YAML::Value << *c.memory.mode;
   if (c.memory.fraction) e << YAML::Key << "fraction" << YAML::Value << *c.memory.fraction;

@@ -66,6 +66,7 @@ struct ParallelConfig {
   int64_t check_every = 100;
   double timeout_s = 300;
   bool pin_threads = true;
+  int intra_op_threads = 1;  // threads each CPU replica's kernels may use
 };
 
 struct MemoryConfig {

@@ -15,6 +15,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/pools.h"
+#include "ops/cpu/threads.h"
 #include "ops/models/resnet.h"
 #include "train/model_io.h"
 
@@ -102,7 +103,8 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   go.cpu_pool = pool_options(cfg_.memory, DeviceKind::cpu);
   go.cuda_pool = pool_options(cfg_.memory, DeviceKind::cuda);
   go.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000));
-  go.pin_threads = cfg_.parallel.pin_threads;
+  // A replica with several intra-op threads must not be pinned to a single core.
+  go.pin_threads = cfg_.parallel.pin_threads && cfg_.parallel.intra_op_threads == 1;
   group_ = std::make_unique<parallel::ReplicaGroup>(devices, go);
 
   models::ResNetConfig mc{.arch = cfg_.model.arch, .in_channels = s[2], .num_classes = train_->classes(),
@@ -111,6 +113,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   states_.resize(R);
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.rank()];
+    if (rep.device().kind == DeviceKind::cpu) ops::set_intra_op_threads(cfg_.parallel.intra_op_threads);
     st.model = models::make_resnet(mc);
     st.model->materialize(rep.pool(), cfg_.train.seed);
     // Same seed everywhere already; the broadcast makes "rank 0's weights" a guarantee.

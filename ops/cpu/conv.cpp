@@ -7,6 +7,7 @@
 
 #include "core/errors.h"
 #include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/threads.h"
 
 namespace replica::ops {
 namespace {
@@ -96,6 +97,7 @@ struct Workspace {
 
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
                                 MemoryPool& ws) {
+  apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
   CMapR W(w.data<float>(), g.K, RSC);
@@ -116,6 +118,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
                                       const ConvGeom& g, MemoryPool& ws) {
+  apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
   CMapR W(w.data<float>(), g.K, RSC);
@@ -137,6 +140,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
 
 void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                         const ConvGeom& g, MemoryPool& ws) {
+  apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
   MapR DW(dw.data<float>(), g.K, RSC);

@@ -10,6 +10,7 @@
 
 #include "core/errors.h"
 #include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/threads.h"
 
 namespace replica::ops {
 namespace {
@@ -268,6 +269,7 @@ void CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
 }
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  apply_thread_default();
   const int64_t N = x.dim(0), I = x.numel() / N, O = w.dim(0);
   if (w.numel() != O * I)
     throw ShapeError("linear_forward: input " + x.str() + " has " + std::to_string(I) +
@@ -279,6 +281,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                  const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  apply_thread_default();
   const int64_t N = x.dim(0), I = x.numel() / N, O = w.dim(0);
   CMapR DY(dy.data<float>(), N, O);
   if (dx.defined()) MapR(dx.data<float>(), N, I).noalias() = DY * CMapR(w.data<float>(), O, I);

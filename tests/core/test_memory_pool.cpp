@@ -293,3 +293,34 @@ TEST(AllocTrace, RecordsAndExports) {
   std::ofstream(dir + "/bad.csv") << "nope\n";
   EXPECT_THROW(AllocTrace::read_csv(dir + "/bad.csv"), IoError);
 }
+
+TEST(PtrMap, MatchesAReferenceMapUnderChurn) {
+  detail::PtrMap<int> m;
+  std::map<uintptr_t, int> ref;
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 200000; ++i) {
+    // few distinct keys so probe runs collide and deletions shift entries back
+    uintptr_t k = ((rng() % 5000) + 1) << 8;
+    bool found = false;
+    if (rng() % 2) {
+      if (!ref.count(k)) {
+        m.insert(reinterpret_cast<void*>(k), i);
+        ref[k] = i;
+      }
+    } else {
+      int v = m.take(reinterpret_cast<void*>(k), found);
+      ASSERT_EQ(found, ref.count(k) == 1) << "key " << k;
+      if (found) {
+        ASSERT_EQ(v, ref[k]);
+        ref.erase(k);
+      }
+    }
+    ASSERT_EQ(m.size(), ref.size());
+  }
+  size_t n = 0;
+  m.for_each([&](const void* k, int v) {
+    EXPECT_EQ(ref.at(reinterpret_cast<uintptr_t>(k)), v);
+    n++;
+  });
+  EXPECT_EQ(n, ref.size());
+}

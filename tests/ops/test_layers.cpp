@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/errors.h"
+#include "ops/cpu/threads.h"
 #include "ops/models/resnet.h"
 #include "support/layer_harness.h"
 
@@ -99,4 +100,27 @@ TEST(Models, GradientsAccumulateAcrossPasses) {
   run();
   for (int64_t i = 0; i < model->num_params(); i += 97)
     EXPECT_NEAR(model->grads().data<float>()[i], 2 * once[i], 1e-5 + 1e-4 * std::abs(once[i]));
+}
+
+TEST(Threads, IntraOpThreadsGiveTheSameBits) {
+  auto pool = replica::testing::test_pool();
+  auto& be = ops::backend_for(pool->device());
+  Tensor x = Tensor::empty(*pool, {16, 14, 14, 32}, DType::f32, MemTag::activations);
+  Tensor w = Tensor::empty(*pool, {32, 3, 3, 32}, DType::f32, MemTag::params);
+  std::mt19937 rng(5);
+  replica::testing::fill_random(x, rng);
+  replica::testing::fill_random(w, rng);
+  auto g = ops::ConvGeom::make(x.shape(), 32, 3, 3, 1, 1, "t");
+  Tensor y1 = Tensor::empty(*pool, {16, 14, 14, 32}, DType::f32, MemTag::activations);
+  Tensor y2 = Tensor::empty(*pool, {16, 14, 14, 32}, DType::f32, MemTag::activations);
+  ops::set_intra_op_threads(1);
+  be.conv2d_forward(x, w, y1, g, *pool);
+  if (ops::intra_op_threads_supported()) {
+    ops::set_intra_op_threads(2);
+    EXPECT_EQ(ops::intra_op_threads(), 2);
+  }
+  be.conv2d_forward(x, w, y2, g, *pool);
+  ops::set_intra_op_threads(1);
+  EXPECT_EQ(0, std::memcmp(y1.raw(), y2.raw(), y1.nbytes())) << "threads split rows, never a sum";
+  EXPECT_THROW(ops::set_intra_op_threads(0), ConfigError);
 }

@@ -1,6 +1,10 @@
 // Config: defaults, --set overrides, and every error path names the file, line and key.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "core/errors.h"
 #include "train/config.h"
 
@@ -64,4 +68,19 @@ TEST(Config, ErrorsNameFileLineKeyAndSuggest) {
   EXPECT_HAS(error_of("data:\n  mean: [0.5, 0.5]\n  std: [0.5]\n"), "same number of values");
   EXPECT_EQ(parse_bytes("512MiB", "x"), uint64_t(512) << 20);
   EXPECT_THROW(parse_bytes("5 parsecs", "x"), ConfigError);
+}
+
+TEST(Config, EveryShippedConfigParses) {
+  int n = 0;
+  for (auto& e : std::filesystem::directory_iterator(std::string(REPLICA_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    EXPECT_NO_THROW(load_config(e.path().string())) << e.path();
+    n++;
+  }
+  EXPECT_GE(n, 3);
+  // configs/default.yaml is what the binary has built in
+  std::ifstream in(std::string(REPLICA_SOURCE_DIR) + "/configs/default.yaml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), default_config_text());
 }
