@@ -1,13 +1,19 @@
 // CPU convolution on NHWC via im2col + Eigen GEMM, a batch chunk at a time so the column buffer
-// (from the pool, tag workspace) stays cache-sized. 1x1 stride-1 unpadded convolutions skip
-// im2col: the input already is the column matrix.
+// (from the pool, tag workspace) stays cache-sized; chunks spread over the replica's intra-op
+// threads. 1x1 stride-1 unpadded convolutions skip im2col: the input already is the column matrix.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "core/errors.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/threads.h"
+
+#ifdef REPLICA_WITH_OPENMP
+#include <omp.h>
+#endif
 
 namespace replica::ops {
 namespace {
@@ -93,27 +99,47 @@ struct Workspace {
   float* p;
 };
 
+// Runs fn(chunk, thread) over the batch chunks, on the replica's intra-op threads when it has
+// more than one (chunks are whole images, so threads never write the same output).
+template <typename F>
+void for_chunks(int64_t nchunks, int threads, F&& fn) {
+#ifdef REPLICA_WITH_OPENMP
+  if (threads > 1 && nchunks > 1) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t c = 0; c < nchunks; ++c) fn(c, omp_get_thread_num());
+    return;
+  }
+#endif
+  for (int64_t c = 0; c < nchunks; ++c) fn(c, 0);
+}
+
 }  // namespace
 
+// Each convolution walks the batch in chunks of whole images: im2col of the chunk into a
+// per-thread column buffer (from the pool, tag workspace), then one GEMM. 1x1 stride-1 unpadded
+// convolutions use the input rows directly.
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
                                 MemoryPool& ws) {
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
+  const int64_t chunk = chunk_images(g), nchunks = (g.N + chunk - 1) / chunk;
+  const int T = std::min<int>(intra_op_threads(), static_cast<int>(nchunks));
+  const bool pw = is_pointwise(g);
+  std::vector<std::unique_ptr<Workspace>> cols;
+  for (int t = 0; t < (pw ? 0 : T); ++t)
+    cols.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float)));
   CMapR W(w.data<float>(), g.K, RSC);
-  if (is_pointwise(g)) {
-    MapR Y(y.data<float>(), g.N * PQ, g.K);
-    Y.noalias() = CMapR(x.data<float>(), g.N * PQ, g.C) * W.transpose();
-    return;
-  }
-  const int64_t chunk = chunk_images(g);
-  Workspace col(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float));
-  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t nb = std::min(chunk, g.N - n0);
-    im2col(x.data<float>(), col.p, g, n0, nb);
+  for_chunks(nchunks, T, [&](int64_t c, int t) {
+    const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
+    const float* a = x.data<float>() + n0 * PQ * g.C;
+    if (!pw) {
+      im2col(x.data<float>(), cols[t]->p, g, n0, nb);
+      a = cols[t]->p;
+    }
     MapR Y(y.data<float>() + n0 * PQ * g.K, nb * PQ, g.K);
-    Y.noalias() = CMapR(col.p, nb * PQ, RSC) * W.transpose();
-  }
+    Y.noalias() = CMapR(a, nb * PQ, RSC) * W.transpose();
+  });
 }
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
@@ -121,21 +147,24 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
+  const int64_t chunk = chunk_images(g), nchunks = (g.N + chunk - 1) / chunk;
+  const int T = std::min<int>(intra_op_threads(), static_cast<int>(nchunks));
+  const bool pw = is_pointwise(g);
+  std::vector<std::unique_ptr<Workspace>> cols;
+  for (int t = 0; t < (pw ? 0 : T); ++t)
+    cols.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float)));
   CMapR W(w.data<float>(), g.K, RSC);
-  if (is_pointwise(g)) {
-    MapR DX(dx.data<float>(), g.N * PQ, g.C);
-    DX.noalias() = CMapR(dy.data<float>(), g.N * PQ, g.K) * W;
-    return;
-  }
-  std::memset(dx.raw(), 0, dx.nbytes());
-  const int64_t chunk = chunk_images(g);
-  Workspace col(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float));
-  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t nb = std::min(chunk, g.N - n0);
-    MapR COL(col.p, nb * PQ, RSC);
-    COL.noalias() = CMapR(dy.data<float>() + n0 * PQ * g.K, nb * PQ, g.K) * W;
-    col2im(col.p, dx.data<float>(), g, n0, nb);
-  }
+  for_chunks(nchunks, T, [&](int64_t c, int t) {
+    const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
+    CMapR DY(dy.data<float>() + n0 * PQ * g.K, nb * PQ, g.K);
+    if (pw) {
+      MapR(dx.data<float>() + n0 * PQ * g.C, nb * PQ, g.C).noalias() = DY * W;
+      return;
+    }
+    std::memset(dx.data<float>() + n0 * g.H * g.W * g.C, 0, static_cast<size_t>(nb * g.H * g.W * g.C) * sizeof(float));
+    MapR(cols[t]->p, nb * PQ, RSC).noalias() = DY * W;
+    col2im(cols[t]->p, dx.data<float>(), g, n0, nb);
+  });
 }
 
 void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
@@ -143,19 +172,32 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
-  MapR DW(dw.data<float>(), g.K, RSC);
-  if (is_pointwise(g)) {
-    DW.noalias() += CMapR(dy.data<float>(), g.N * PQ, g.K).transpose() *
-                    CMapR(x.data<float>(), g.N * PQ, g.C);
-    return;
+  const int64_t chunk = chunk_images(g), nchunks = (g.N + chunk - 1) / chunk;
+  const int T = std::min<int>(intra_op_threads(), static_cast<int>(nchunks));
+  const bool pw = is_pointwise(g);
+  // One column buffer per thread, and with several threads one partial dW each, summed in thread
+  // order at the end (deterministic for a given thread count).
+  std::vector<std::unique_ptr<Workspace>> cols, partial;
+  for (int t = 0; t < T; ++t) {
+    if (!pw) cols.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float)));
+    if (T > 1) {
+      partial.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(g.K * RSC) * sizeof(float)));
+      std::memset(partial.back()->p, 0, static_cast<size_t>(g.K * RSC) * sizeof(float));
+    }
   }
-  const int64_t chunk = chunk_images(g);
-  Workspace col(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float));
-  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t nb = std::min(chunk, g.N - n0);
-    im2col(x.data<float>(), col.p, g, n0, nb);
-    DW.noalias() += CMapR(dy.data<float>() + n0 * PQ * g.K, nb * PQ, g.K).transpose() *
-                    CMapR(col.p, nb * PQ, RSC);
+  for_chunks(nchunks, T, [&](int64_t c, int t) {
+    const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
+    const float* a = x.data<float>() + n0 * PQ * g.C;
+    if (!pw) {
+      im2col(x.data<float>(), cols[t]->p, g, n0, nb);
+      a = cols[t]->p;
+    }
+    MapR DW(T > 1 ? partial[t]->p : dw.data<float>(), g.K, RSC);
+    DW.noalias() += CMapR(dy.data<float>() + n0 * PQ * g.K, nb * PQ, g.K).transpose() * CMapR(a, nb * PQ, RSC);
+  });
+  if (T > 1) {
+    MapR DW(dw.data<float>(), g.K, RSC);
+    for (int t = 0; t < T; ++t) DW += MapR(partial[t]->p, g.K, RSC);
   }
 }
 

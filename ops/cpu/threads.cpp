@@ -1,5 +1,4 @@
-// Intra-op thread setting: a thread-local choice pushed into OpenMP's per-thread ICV, which
-// Eigen reads (omp_get_max_threads) when it decides how to split a GEMM.
+// Intra-op thread setting: a thread-local choice that the convolution kernels read.
 #include "ops/cpu/threads.h"
 
 #include <string>
@@ -30,7 +29,10 @@ void set_intra_op_threads(int n) {
     throw ConfigError("intra-op threads > 1 need a build with OpenMP (-DREPLICA_OPENMP=ON)");
   tl_threads = n;
 #ifdef REPLICA_WITH_OPENMP
-  omp_set_num_threads(n);
+  // Eigen itself stays single-threaded (it reads this per-thread setting): its own splitting of
+  // the small per-chunk GEMMs was measured slower than one thread. The kernels spread whole
+  // chunks over the n threads instead.
+  omp_set_num_threads(1);
 #endif
 }
 
