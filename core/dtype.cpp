@@ -3,6 +3,10 @@
 
 #include "core/errors.h"
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace replica {
 
 size_t dtype_size(DType t) {
@@ -69,13 +73,37 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
   if (st == DType::f32 && dt == DType::f16) {
     auto* s = static_cast<const float*>(src);
     auto* d = static_cast<Half*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = float_to_half(s[i]);
+    size_t i = 0;
+#if defined(__F16C__)
+    // The hardware conversion rounds to nearest even, as float_to_half does (tested).
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; ++i) d[i] = float_to_half(s[i]);
     return;
   }
   if (st == DType::f16 && dt == DType::f32) {
     auto* s = static_cast<const Half*>(src);
     auto* d = static_cast<float*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = half_to_float(s[i]);
+    size_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#endif
+    for (; i < n; ++i) d[i] = half_to_float(s[i]);
+    return;
+  }
+  if (st == DType::f32 && dt == DType::bf16) {
+    auto* s = static_cast<const float*>(src);
+    auto* d = static_cast<BFloat16*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+    return;
+  }
+  if (st == DType::bf16 && dt == DType::f32) {
+    auto* s = static_cast<const BFloat16*>(src);
+    auto* d = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
     return;
   }
   for (size_t i = 0; i < n; ++i) store(dst, dt, i, load(src, st, i));

@@ -27,6 +27,7 @@ class Storage {
   size_t bytes() const { return bytes_; }
   MemTag tag() const { return tag_; }
   const Device& device() const { return device_; }
+  MemoryPool* pool() const { return pool_; }
 
  private:
   MemoryPool* pool_ = nullptr;
@@ -53,6 +54,8 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   const Device& device() const { return storage_->device(); }
   MemTag tag() const { return storage_->tag(); }
+  // The pool the block came from (nullptr for wrapped memory).
+  MemoryPool* pool() const { return storage_ ? storage_->pool() : nullptr; }
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_; }
   template <typename T>
   T* data() const {

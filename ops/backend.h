@@ -60,6 +60,11 @@ class Backend {
                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                   const AllReduceFn& allreduce) = 0;
 
+  // Batch norm with fixed statistics (eval-mode forward in training): dx = dy * gamma * invstd.
+  virtual void batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                         const Tensor& mean, const Tensor& invstd, const Tensor& dx,
+                                         const Tensor& dgamma, const Tensor& dbeta) = 0;
+
   // Elementwise. relu_backward masks with the forward output y.
   virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
   virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
@@ -100,6 +105,8 @@ class Backend {
 
   // Sum of squares of a float buffer (for grad norms and checksums), in double.
   virtual double sum_squares(const Tensor& x) = 0;
+  // grads *= inv_scale, fused with the check; returns false if any element is inf or NaN.
+  virtual bool unscale_check_finite(const Tensor& grads, float inv_scale) = 0;
 };
 
 // The backend for a device (one shared instance per kind). Throws on a CUDA device when CUDA is

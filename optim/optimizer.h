@@ -57,7 +57,57 @@ class Sgd : public Optimizer {
   Tensor momentum_;
 };
 
+struct AdamWOptions {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 1e-2f;  // decoupled, as torch.optim.AdamW: p *= 1 - lr * wd
+  bool no_decay_bn_bias = false;
+};
+
+// AdamW (Loshchilov & Hutter) with bias correction, PyTorch's update order.
+class AdamW : public Optimizer {
+ public:
+  AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, AdamWOptions o);
+  std::string name() const override { return "adamw"; }
+  void step(const Tensor& params, const Tensor& grads, float lr) override;
+  std::vector<Tensor*> state() override { return {&m_, &v_}; }
+
+ private:
+  AdamWOptions o_;
+  std::vector<ParamGroup> groups_;
+  Tensor m_, v_;
+};
+
+struct LarsOptions {
+  float momentum = 0.9f;
+  float weight_decay = 5e-5f;
+  float trust_coefficient = 1e-3f;  // eta
+  float eps = 1e-9f;
+};
+
+// LARS (You et al. 2017) as in the large-batch ResNet recipes: each weight tensor's step is
+// scaled by eta * |w| / (|g| + wd |w|); batch-norm parameters and biases are excluded from both
+// the adaptation and weight decay and take a plain momentum step.
+class Lars : public Optimizer {
+ public:
+  Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOptions o);
+  std::string name() const override { return "lars"; }
+  void step(const Tensor& params, const Tensor& grads, float lr) override;
+  std::vector<Tensor*> state() override { return {&momentum_}; }
+
+ private:
+  LarsOptions o_;
+  struct Slot {
+    int64_t offset, count;
+    bool adapt;
+  };
+  std::vector<Slot> slots_;
+  Tensor momentum_;
+};
+
 // Groups of the flat buffer: each slot with its decay flag, merged when neighbours agree.
 std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_bn_bias);
+
+// Scales grads so their global L2 norm is at most max_norm; returns the norm before clipping.
+double clip_grad_norm(const Tensor& grads, double max_norm);
 
 }  // namespace replica::optim

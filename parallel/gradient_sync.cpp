@@ -27,6 +27,12 @@ GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Co
     bucket_of_slot_[s] = static_cast<int>(buckets_.size()) - 1;
   }
   // Buckets are contiguous and cover [offsets[0], total); the flat buffer starts at slot 0.
+  if (o.wire != DType::f32) {
+    if (o.wire != DType::f16 && o.wire != DType::bf16)
+      throw ConfigError("parallel.grad_dtype: gradients travel as fp32, fp16 or bf16");
+    if (!o.staging_pool) throw Error("GradientSync: a 16-bit wire dtype needs a staging pool");
+    staging_ = Tensor::empty(*o.staging_pool, grads_.shape(), o.wire, MemTag::comm);
+  }
 }
 
 void GradientSync::begin(bool sync) {
@@ -39,8 +45,15 @@ void GradientSync::begin(bool sync) {
 }
 
 void GradientSync::launch(Bucket& b) {
-  b.work = comm_.all_reduce_async(grads_.data<float>() + b.lo, static_cast<size_t>(b.hi - b.lo),
-                                  DType::f32, ReduceOp::avg);
+  const size_t n = static_cast<size_t>(b.hi - b.lo);
+  if (staging_.defined()) {
+    const size_t es = dtype_size(staging_.dtype());
+    void* st = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.lo) * es;
+    convert(grads_.data<float>() + b.lo, DType::f32, st, staging_.dtype(), n);
+    b.work = comm_.all_reduce_async(st, n, staging_.dtype(), ReduceOp::avg);
+    return;
+  }
+  b.work = comm_.all_reduce_async(grads_.data<float>() + b.lo, n, DType::f32, ReduceOp::avg);
 }
 
 void GradientSync::ready(int first, int count) {
@@ -60,7 +73,14 @@ void GradientSync::finish() {
   // sequence of collectives.
   for (auto& b : buckets_)
     if (!b.work) launch(b);
-  for (auto& b : buckets_) b.work->wait();
+  for (auto& b : buckets_) {
+    b.work->wait();
+    if (staging_.defined()) {
+      const size_t es = dtype_size(staging_.dtype());
+      convert(static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.lo) * es, staging_.dtype(),
+              grads_.data<float>() + b.lo, DType::f32, static_cast<size_t>(b.hi - b.lo));
+    }
+  }
 }
 
 void broadcast_from_root(Communicator& comm, Tensor& t) {

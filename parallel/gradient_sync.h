@@ -6,6 +6,8 @@
 #pragma once
 #include <vector>
 
+#include "core/errors.h"
+#include "core/memory_pool.h"
 #include "core/tensor.h"
 #include "parallel/communicator.h"
 
@@ -14,6 +16,11 @@ namespace replica::parallel {
 struct BucketOptions {
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
+  // Dtype on the wire: f32, or f16/bf16 to halve the bytes (gradients are rounded into a
+  // staging buffer from `staging_pool`, tag comm, reduced in f32 by the communicator, and
+  // converted back).
+  DType wire = DType::f32;
+  MemoryPool* staging_pool = nullptr;
 };
 
 struct Bucket {
@@ -44,7 +51,7 @@ class GradientSync {
  private:
   void launch(Bucket& b);
 
-  Tensor grads_;
+  Tensor grads_, staging_;
   Communicator& comm_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_slot_;

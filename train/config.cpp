@@ -121,7 +121,8 @@ std::map<std::string, Section> schema(RunConfig& c) {
           m.arch = one_of(n, l, {"resnet20", "resnet32", "resnet56", "resnet110", "resnet18", "resnet34", "resnet50"});
         }},
         {"width", [&](auto& n, auto& l) { m.width = as_int(n, l, 0, 4096); }},
-        {"zero_init_residual", [&](auto& n, auto& l) { m.zero_init_residual = as_bool(n, l); }}}},
+        {"zero_init_residual", [&](auto& n, auto& l) { m.zero_init_residual = as_bool(n, l); }},
+        {"freeze_bn", [&](auto& n, auto& l) { m.freeze_bn = as_bool(n, l); }}}},
       {"data",
        {{"dataset", [&](auto& n, auto& l) { d.dataset = one_of(n, l, {"fashion-mnist", "mnist", "cifar10", "synthetic"}); }},
         {"path", [&](auto& n, auto& l) { d.path = scalar(n, l); }},
@@ -149,12 +150,19 @@ std::map<std::string, Section> schema(RunConfig& c) {
        {{"epochs", [&](auto& n, auto& l) { t.epochs = as_double(n, l, 1e-6, 1e6); }},
         {"global_batch", [&](auto& n, auto& l) { t.global_batch = as_int(n, l, 1, int64_t(1) << 30); }},
         {"micro_batch", [&](auto& n, auto& l) { t.micro_batch = as_int(n, l, 0, int64_t(1) << 30); }},
-        {"precision", [&](auto& n, auto& l) {
-          t.precision = one_of(n, l, {"fp32", "fp16", "bf16"});
-          if (t.precision != "fp32")
-            fail(l, "'" + t.precision + "' training is not available in this build yet (mixed precision "
-                    "with loss scaling is planned); use fp32");
+        {"precision", [&](auto& n, auto& l) { t.precision = one_of(n, l, {"fp32", "fp16", "bf16"}); }},
+        {"loss_scale", [&](auto& n, auto& l) {
+          std::string v = scalar(n, l);
+          if (v != "auto" && v != "dynamic" && v != "off") {
+            as_double(n, l, 1e-30, 1e30);  // a static scale
+          }
+          t.loss_scale = v;
         }},
+        {"loss_scale_init", [&](auto& n, auto& l) { t.loss_scale_init = as_double(n, l, 1e-30, 1e30); }},
+        {"loss_scale_growth_interval", [&](auto& n, auto& l) { t.loss_scale_growth_interval = as_int(n, l, 1, int64_t(1) << 40); }},
+        {"loss_scale_min", [&](auto& n, auto& l) { t.loss_scale_min = as_double(n, l, 1e-30, 1e30); }},
+        {"loss_scale_hysteresis", [&](auto& n, auto& l) { t.loss_scale_hysteresis = as_int(n, l, 1, 1000); }},
+        {"loss_scale_max_floor_overflows", [&](auto& n, auto& l) { t.loss_scale_max_floor_overflows = as_int(n, l, 1, int64_t(1) << 40); }},
         {"seed", [&](auto& n, auto& l) { t.seed = static_cast<uint64_t>(as_int(n, l, 0, INT64_MAX)); }},
         {"log_every", [&](auto& n, auto& l) { t.log_every = as_int(n, l, 1, int64_t(1) << 40); }},
         {"max_steps", [&](auto& n, auto& l) { t.max_steps = as_int(n, l, 0, int64_t(1) << 40); }},
@@ -162,7 +170,12 @@ std::map<std::string, Section> schema(RunConfig& c) {
         {"eval", [&](auto& n, auto& l) { t.eval = as_bool(n, l); }},
         {"eval_batch", [&](auto& n, auto& l) { t.eval_batch = as_int(n, l, 1, int64_t(1) << 20); }}}},
       {"optim",
-       {{"name", [&](auto& n, auto& l) { o.name = one_of(n, l, {"sgd"}); }},
+       {{"name", [&](auto& n, auto& l) { o.name = one_of(n, l, {"sgd", "adamw", "lars"}); }},
+        {"beta1", [&](auto& n, auto& l) { o.beta1 = as_double(n, l, 0, 0.999999); }},
+        {"beta2", [&](auto& n, auto& l) { o.beta2 = as_double(n, l, 0, 0.999999999); }},
+        {"eps", [&](auto& n, auto& l) { o.eps = as_double(n, l, 0, 1); }},
+        {"trust_coefficient", [&](auto& n, auto& l) { o.trust_coefficient = as_double(n, l, 1e-9, 1e3); }},
+        {"clip_grad_norm", [&](auto& n, auto& l) { o.clip_grad_norm = as_double(n, l, 0, 1e12); }},
         {"lr", [&](auto& n, auto& l) { o.lr = as_double(n, l, 1e-12, 1e6); }},
         {"momentum", [&](auto& n, auto& l) { o.momentum = as_double(n, l, 0, 0.999999); }},
         {"nesterov", [&](auto& n, auto& l) { o.nesterov = as_bool(n, l); }},
@@ -179,6 +192,7 @@ std::map<std::string, Section> schema(RunConfig& c) {
       {"parallel",
        {{"devices", [&](auto& n, auto& l) { p.devices = scalar(n, l); }},
         {"sync_bn", [&](auto& n, auto& l) { p.sync_bn = as_bool(n, l); }},
+        {"grad_dtype", [&](auto& n, auto& l) { p.grad_dtype = one_of(n, l, {"fp32", "fp16", "bf16"}); }},
         {"bucket_mb", [&](auto& n, auto& l) { p.bucket_mb = as_double(n, l, 0.001, 1e6); }},
         {"first_bucket_mb", [&](auto& n, auto& l) { p.first_bucket_mb = as_double(n, l, 0.001, 1e6); }},
         {"check_every", [&](auto& n, auto& l) { p.check_every = as_int(n, l, 0, int64_t(1) << 40); }},
@@ -207,7 +221,7 @@ std::string emit(const RunConfig& c) {
   e << YAML::BeginMap;
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "arch" << YAML::Value << c.model.arch
     << YAML::Key << "width" << YAML::Value << c.model.width << YAML::Key << "zero_init_residual" << YAML::Value
-    << c.model.zero_init_residual << YAML::EndMap;
+    << c.model.zero_init_residual << YAML::Key << "freeze_bn" << YAML::Value << c.model.freeze_bn << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dataset" << YAML::Value << c.data.dataset
     << YAML::Key << "path" << YAML::Value << c.data.path << YAML::Key << "pad_crop" << YAML::Value << c.data.pad_crop
     << YAML::Key << "hflip" << YAML::Value << c.data.hflip << YAML::Key << "mean" << YAML::Value << YAML::Flow
@@ -218,12 +232,20 @@ std::string emit(const RunConfig& c) {
     << YAML::Key << "limit_test" << YAML::Value << c.data.limit_test << YAML::EndMap;
   e << YAML::Key << "train" << YAML::Value << YAML::BeginMap << YAML::Key << "epochs" << YAML::Value << c.train.epochs
     << YAML::Key << "global_batch" << YAML::Value << c.train.global_batch << YAML::Key << "micro_batch" << YAML::Value
-    << c.train.micro_batch << YAML::Key << "precision" << YAML::Value << c.train.precision << YAML::Key << "seed"
+    << c.train.micro_batch << YAML::Key << "precision" << YAML::Value << c.train.precision << YAML::Key
+    << "loss_scale" << YAML::Value << c.train.loss_scale << YAML::Key << "loss_scale_init" << YAML::Value
+    << c.train.loss_scale_init << YAML::Key << "loss_scale_growth_interval" << YAML::Value
+    << c.train.loss_scale_growth_interval << YAML::Key << "loss_scale_min" << YAML::Value << c.train.loss_scale_min
+    << YAML::Key << "loss_scale_hysteresis" << YAML::Value << c.train.loss_scale_hysteresis << YAML::Key
+    << "loss_scale_max_floor_overflows" << YAML::Value << c.train.loss_scale_max_floor_overflows << YAML::Key << "seed"
     << YAML::Value << c.train.seed << YAML::Key << "log_every" << YAML::Value << c.train.log_every << YAML::Key
     << "max_steps" << YAML::Value << c.train.max_steps << YAML::Key << "run_dir" << YAML::Value << c.train.run_dir
     << YAML::Key << "eval" << YAML::Value << c.train.eval << YAML::Key << "eval_batch" << YAML::Value
     << c.train.eval_batch << YAML::EndMap;
   e << YAML::Key << "optim" << YAML::Value << YAML::BeginMap << YAML::Key << "name" << YAML::Value << c.optim.name
+    << YAML::Key << "beta1" << YAML::Value << c.optim.beta1 << YAML::Key << "beta2" << YAML::Value << c.optim.beta2
+    << YAML::Key << "eps" << YAML::Value << c.optim.eps << YAML::Key << "trust_coefficient" << YAML::Value
+    << c.optim.trust_coefficient << YAML::Key << "clip_grad_norm" << YAML::Value << c.optim.clip_grad_norm
     << YAML::Key << "lr" << YAML::Value << c.optim.lr << YAML::Key << "momentum" << YAML::Value << c.optim.momentum
     << YAML::Key << "nesterov" << YAML::Value << c.optim.nesterov << YAML::Key << "weight_decay" << YAML::Value
     << c.optim.weight_decay << YAML::Key << "decoupled_weight_decay" << YAML::Value << c.optim.decoupled_weight_decay
@@ -234,7 +256,8 @@ std::string emit(const RunConfig& c) {
     << YAML::Key << "min_lr" << YAML::Value << c.optim.min_lr << YAML::Key << "scale_lr" << YAML::Value
     << c.optim.scale_lr << YAML::EndMap;
   e << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap << YAML::Key << "devices" << YAML::Value
-    << c.parallel.devices << YAML::Key << "sync_bn" << YAML::Value << c.parallel.sync_bn << YAML::Key << "bucket_mb"
+    << c.parallel.devices << YAML::Key << "sync_bn" << YAML::Value << c.parallel.sync_bn << YAML::Key
+    << "grad_dtype" << YAML::Value << c.parallel.grad_dtype << YAML::Key << "bucket_mb"
     << YAML::Value << c.parallel.bucket_mb << YAML::Key << "first_bucket_mb" << YAML::Value
     << c.parallel.first_bucket_mb << YAML::Key << "check_every" << YAML::Value << c.parallel.check_every << YAML::Key
     << "timeout_s" << YAML::Value << c.parallel.timeout_s << YAML::Key << "pin_threads" << YAML::Value

@@ -12,6 +12,7 @@ struct ModelConfig {
   std::string arch = "resnet20";
   int64_t width = 0;  // 0: the architecture's default
   bool zero_init_residual = false;
+  bool freeze_bn = false;  // batch norm uses (and keeps) its running statistics while training
 };
 
 struct DataConfig {
@@ -32,7 +33,13 @@ struct TrainConfig {
   double epochs = 3;
   int64_t global_batch = 128;
   int64_t micro_batch = 0;  // 0: global_batch / replicas (no accumulation)
-  std::string precision = "fp32";
+  std::string precision = "fp32";    // fp32 | fp16 | bf16 (16-bit activations, f32 master weights)
+  std::string loss_scale = "auto";   // auto (dynamic for fp16, off otherwise) | dynamic | off | a number (static)
+  double loss_scale_init = 65536;
+  int64_t loss_scale_growth_interval = 2000;
+  double loss_scale_min = 1;
+  int64_t loss_scale_hysteresis = 1;
+  int64_t loss_scale_max_floor_overflows = 50;
   uint64_t seed = 0;
   int64_t log_every = 50;
   int64_t max_steps = 0;  // stop after this many steps (0 = no limit)
@@ -42,8 +49,11 @@ struct TrainConfig {
 };
 
 struct OptimConfig {
-  std::string name = "sgd";
+  std::string name = "sgd";  // sgd | adamw | lars
   double lr = 0.1;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+  double trust_coefficient = 1e-3;                // lars
+  double clip_grad_norm = 0;                      // 0: off
   double momentum = 0.9;
   bool nesterov = true;
   double weight_decay = 5e-4;
@@ -61,6 +71,7 @@ struct OptimConfig {
 struct ParallelConfig {
   std::string devices = "cpu:2";
   bool sync_bn = false;
+  std::string grad_dtype = "fp32";  // all-reduce dtype: fp32 | fp16 | bf16
   double bucket_mb = 25;
   double first_bucket_mb = 1;
   int64_t check_every = 100;

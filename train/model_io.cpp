@@ -64,6 +64,7 @@ void load_model(nn::Model& model, const std::string& path) {
   std::memcpy(model.params().raw(), s.data() + off, static_cast<size_t>(np) * 4);
   off += static_cast<size_t>(np) * 4;
   std::memcpy(model.buffers().raw(), s.data() + off, static_cast<size_t>(nb) * 4);
+  model.refresh_compute_copy();
 }
 
 }  // namespace replica::train

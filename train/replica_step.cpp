@@ -11,7 +11,8 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
     : rep_(replica), model_(model), opt_(opt), o_(o) {
   std::vector<int64_t> offsets;
   for (const auto& p : model.registry().params()) offsets.push_back(p.offset);
-  sync_ = std::make_unique<parallel::GradientSync>(offsets, model.grads(), replica.comm(), o.buckets);
+  if (o_.buckets.wire != DType::f32 && !o_.buckets.staging_pool) o_.buckets.staging_pool = &replica.pool();
+  sync_ = std::make_unique<parallel::GradientSync>(offsets, model.grads(), replica.comm(), o_.buckets);
 }
 
 void ReplicaStep::zero_grad() {
@@ -23,16 +24,19 @@ void ReplicaStep::zero_grad() {
 void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool last) {
   auto& be = ops::backend_for(rep_.device());
   nn::Context ctx(rep_.pool(), be, true);
+  ctx.act_dtype = o_.activations;
+  ctx.bn_frozen = o_.bn_frozen;
   if (o_.sync_bn && rep_.world() > 1)
     ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum(d, n); };
   sync_->begin(last);
   ctx.on_grads_ready = [this](int first, int count) { sync_->ready(first, count); };
   Tensor logits = model_.forward(ctx, images);
-  Tensor probs = ctx.alloc(logits.shape());
+  Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);  // softmax in f32
   auto r = be.softmax_xent_forward(logits, labels, probs);
   logits = Tensor();
   Tensor dlogits = ctx.alloc(probs.shape());
-  const float weight = 1.0f / static_cast<float>(o_.micro_batch * o_.accumulation);
+  const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
+  const float weight = scale / static_cast<float>(o_.micro_batch * o_.accumulation);
   be.softmax_xent_backward(probs, labels, weight, dlogits);
   probs = Tensor();
   model_.backward(ctx, dlogits);
@@ -55,21 +59,37 @@ StepStatus ReplicaStep::apply(float lr) {
   st.accuracy = sums[1] / sums[2];
   st.lr = lr;
   st.step = opt_.steps() + 1;
-  // Every replica holds the same reduced loss, so every replica stops here together.
-  if (!std::isfinite(st.loss))
-    throw TrainingError("the loss is " + std::string(std::isnan(st.loss) ? "NaN" : "infinite") + " at step " +
-                        std::to_string(st.step) + " (lr " + std::to_string(lr) +
-                        "): the run diverged. Lower optim.lr, add optim.warmup_epochs, or check the data.");
-  st.grad_norm = std::sqrt(ops::backend_for(rep_.device()).sum_squares(model_.grads()));
+  st.scale = o_.scaler ? o_.scaler->scale() : 1.f;
+  // Every replica holds the same reduced loss and the same reduced gradients, so every replica
+  // reaches the same verdict here and stops, skips or steps together.
+  auto& be = ops::backend_for(rep_.device());
+  const bool finite = be.unscale_check_finite(model_.grads(), 1.0f / st.scale);
+  if (o_.scaler) {
+    if (!o_.scaler->update(finite && std::isfinite(st.loss), st.step)) {
+      st.applied = false;
+      st.step = opt_.steps();
+      st.grad_norm = std::nan("");
+      return st;
+    }
+  } else if (!std::isfinite(st.loss) || !finite) {
+    throw TrainingError(std::string(std::isfinite(st.loss) ? "the gradients are not finite" : "the loss is NaN") +
+                        " at step " + std::to_string(st.step) + " (lr " + std::to_string(lr) +
+                        "): the run diverged. Lower optim.lr, add optim.warmup_epochs, clip gradients "
+                        "(optim.clip_grad_norm), or check the data.");
+  }
+  st.grad_norm = o_.clip_grad_norm > 0 ? optim::clip_grad_norm(model_.grads(), o_.clip_grad_norm)
+                                       : std::sqrt(be.sum_squares(model_.grads()));
   opt_.step(model_.params(), model_.grads(), lr);
+  model_.refresh_compute_copy();
   return st;
 }
 
 EvalSums ReplicaStep::eval_batch(const Tensor& images, const Tensor& labels) {
   auto& be = ops::backend_for(rep_.device());
   nn::Context ctx(rep_.pool(), be, false);
+  ctx.act_dtype = o_.activations;
   Tensor logits = model_.forward(ctx, images);
-  Tensor probs = ctx.alloc(logits.shape());
+  Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);
   auto r = be.softmax_xent_forward(logits, labels, probs);
   return {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(images.dim(0))};
 }

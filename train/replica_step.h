@@ -10,10 +10,16 @@
 // backward starts the bucket all-reduces as buckets fill. Each micro-step's loss is weighted by
 // 1 / (micro_batch * accumulation), and the all-reduce averages over replicas, so the update
 // equals one step on the whole global batch.
+//
+// Mixed precision: the loss is also multiplied by the loss scale; apply() unscales the
+// all-reduced gradients and checks them for inf/NaN in one pass, so every replica reaches the
+// same verdict. An overflowing step is skipped: no parameter, optimizer state or step count
+// changes, and the returned StepStatus says so (applied = false).
 #pragma once
 #include <memory>
 
 #include "ops/nn/model.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/replica_group.h"
@@ -41,6 +47,10 @@ struct StepOptions {
   int accumulation = 1;
   int64_t micro_batch = 1;
   bool sync_bn = false;
+  bool bn_frozen = false;                    // batch norm on running statistics
+  DType activations = DType::f32;            // f16 / bf16: 16-bit activations (mixed precision)
+  optim::DynamicLossScaler* scaler = nullptr;  // loss scaling (fp16); nullptr: none
+  double clip_grad_norm = 0;                 // 0: no clipping
   parallel::BucketOptions buckets;
 };
 

@@ -110,25 +110,58 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   models::ResNetConfig mc{.arch = cfg_.model.arch, .in_channels = s[2], .num_classes = train_->classes(),
                           .height = s[0], .width = s[1], .base_width = cfg_.model.width,
                           .zero_init_residual = cfg_.model.zero_init_residual};
+  const DType compute = parse_dtype(cfg_.train.precision);
   states_.resize(R);
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.rank()];
     if (rep.device().kind == DeviceKind::cpu) ops::set_intra_op_threads(cfg_.parallel.intra_op_threads);
     st.model = models::make_resnet(mc);
-    st.model->materialize(rep.pool(), cfg_.train.seed);
+    st.model->materialize(rep.pool(), cfg_.train.seed, compute);
     // Same seed everywhere already; the broadcast makes "rank 0's weights" a guarantee.
     parallel::broadcast_from_root(rep.comm(), st.model->params());
     parallel::broadcast_from_root(rep.comm(), st.model->buffers());
-    optim::SgdOptions so{.momentum = static_cast<float>(cfg_.optim.momentum),
-                         .nesterov = cfg_.optim.nesterov,
-                         .weight_decay = static_cast<float>(cfg_.optim.weight_decay),
-                         .decoupled = cfg_.optim.decoupled_weight_decay,
-                         .no_decay_bn_bias = cfg_.optim.no_decay_bn_bias};
-    st.opt = std::make_unique<optim::Sgd>(st.model->registry(), st.model->num_params(), rep.pool(), so);
-    st.step = std::make_unique<ReplicaStep>(
-        rep, *st.model, *st.opt,
-        StepOptions{accumulation_, micro_, cfg_.parallel.sync_bn,
-                    {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb}});
+    const auto& oc = cfg_.optim;
+    if (oc.name == "adamw") {
+      st.opt = std::make_unique<optim::AdamW>(
+          st.model->registry(), st.model->num_params(), rep.pool(),
+          optim::AdamWOptions{static_cast<float>(oc.beta1), static_cast<float>(oc.beta2), static_cast<float>(oc.eps),
+                              static_cast<float>(oc.weight_decay), oc.no_decay_bn_bias});
+    } else if (oc.name == "lars") {
+      st.opt = std::make_unique<optim::Lars>(
+          st.model->registry(), st.model->num_params(), rep.pool(),
+          optim::LarsOptions{static_cast<float>(oc.momentum), static_cast<float>(oc.weight_decay),
+                             static_cast<float>(oc.trust_coefficient)});
+    } else {
+      optim::SgdOptions so{.momentum = static_cast<float>(oc.momentum),
+                           .nesterov = oc.nesterov,
+                           .weight_decay = static_cast<float>(oc.weight_decay),
+                           .decoupled = oc.decoupled_weight_decay,
+                           .no_decay_bn_bias = oc.no_decay_bn_bias};
+      st.opt = std::make_unique<optim::Sgd>(st.model->registry(), st.model->num_params(), rep.pool(), so);
+    }
+    const auto& tc = cfg_.train;
+    const bool scale = tc.loss_scale == "dynamic" || (tc.loss_scale == "auto" && tc.precision == "fp16") ||
+                       (tc.loss_scale != "auto" && tc.loss_scale != "off" && tc.loss_scale != "dynamic");
+    if (scale) {
+      optim::LossScalerOptions lo;
+      lo.dynamic = tc.loss_scale == "dynamic" || tc.loss_scale == "auto";
+      lo.init_scale = static_cast<float>(lo.dynamic ? tc.loss_scale_init : std::stod(tc.loss_scale));
+      lo.growth_interval = tc.loss_scale_growth_interval;
+      lo.min_scale = static_cast<float>(tc.loss_scale_min);
+      lo.hysteresis = static_cast<int>(tc.loss_scale_hysteresis);
+      lo.max_floor_overflows = tc.loss_scale_max_floor_overflows;
+      st.scaler = std::make_unique<optim::DynamicLossScaler>(lo);
+    }
+    StepOptions so;
+    so.accumulation = accumulation_;
+    so.micro_batch = micro_;
+    so.sync_bn = cfg_.parallel.sync_bn;
+    so.bn_frozen = cfg_.model.freeze_bn;
+    so.activations = compute;
+    so.scaler = st.scaler.get();
+    so.clip_grad_norm = oc.clip_grad_norm;
+    so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
+    st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
     st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), rep.pool(), aug_,
                                                       cfg_.train.seed, cfg_.data.prefetch);
   });
@@ -195,9 +228,17 @@ FitResult Trainer::fit() {
                 cfg_.parallel.devices.c_str(), R, R > 1 ? "s" : "", group_->replica(0).pool().describe().c_str(),
                 train_->name().c_str());
     std::printf("replica: global batch %ld = micro-batch %ld x %d accumulation step%s x %d replica%s; %ld steps "
-                "(%ld per epoch); lr %.4g %s\n",
+                "(%ld per epoch); %s lr %.4g %s; %s\n",
                 (long)cfg_.train.global_batch, (long)micro_, accumulation_, accumulation_ > 1 ? "s" : "", R,
-                R > 1 ? "s" : "", (long)total_steps_, (long)spe, sched_.base_lr, sched_.kind.c_str());
+                R > 1 ? "s" : "", (long)total_steps_, (long)spe, cfg_.optim.name.c_str(), sched_.base_lr,
+                sched_.kind.c_str(),
+                cfg_.train.precision == "fp32"
+                    ? "fp32"
+                    : (cfg_.train.precision + " activations, fp32 master weights" +
+                       (states_[0].scaler ? std::string(", loss scale ") + std::to_string((int64_t)states_[0].scaler->scale()) +
+                                                (states_[0].scaler->options().dynamic ? " (dynamic)" : " (static)")
+                                          : std::string(", no loss scaling")))
+                          .c_str());
     std::fflush(stdout);
   }
   FitResult result;
@@ -220,7 +261,8 @@ FitResult Trainer::fit() {
           data::Batch b = st.loader->next();
           st.step->micro_step(b.images, b.labels, k == accumulation_ - 1);
         }
-        StepStatus status = st.step->apply(optim::lr_at(sched_, global_step));
+        // The schedule advances with applied steps only: a skipped (overflowing) step leaves it.
+        StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()));
         global_step++;
         if (cfg_.parallel.check_every && global_step % cfg_.parallel.check_every == 0)
           parallel::check_replicas_agree(rep.comm(), st.model->params(), global_step);
@@ -236,12 +278,15 @@ FitResult Trainer::fit() {
           double dt = std::chrono::duration<double>(Clock::now() - t_window).count();
           double ips = window_images / std::max(dt, 1e-9);
           auto ps = rep.pool().stats();
-          char line[256];
-          std::snprintf(line, sizeof line,
-                        "epoch %ld/%ld step %ld/%ld loss %.4f acc %5.1f%% lr %.4g %.0f img/s pool %.0f/%.0f MiB",
-                        (long)epoch + 1, (long)epochs, (long)global_step, (long)total_steps_,
-                        window_loss / window_steps, 100 * window_acc / window_steps, status.lr, ips,
-                        ps.in_use / 1048576.0, ps.peak_in_use / 1048576.0);
+          char line[320];
+          int len = std::snprintf(line, sizeof line,
+                                  "epoch %ld/%ld step %ld/%ld loss %.4f acc %5.1f%% lr %.4g %.0f img/s pool %.0f/%.0f MiB",
+                                  (long)epoch + 1, (long)epochs, (long)global_step, (long)total_steps_,
+                                  window_loss / window_steps, 100 * window_acc / window_steps, status.lr, ips,
+                                  ps.in_use / 1048576.0, ps.peak_in_use / 1048576.0);
+          if (st.scaler)
+            std::snprintf(line + len, sizeof line - len, " scale %g skipped %ld", st.scaler->scale(),
+                          (long)st.scaler->skipped());
           if (opts_.print) {
             if (tty) std::printf("\r%s\033[K%s", line, log_now ? "\n" : "");
             else if (log_now) std::printf("%s\n", line);
@@ -252,7 +297,9 @@ FitResult Trainer::fit() {
             js << "{\"kind\":\"step\",\"step\":" << global_step << ",\"epoch\":" << epoch + 1
                << ",\"loss\":" << json_num(window_loss / window_steps)
                << ",\"accuracy\":" << json_num(window_acc / window_steps) << ",\"lr\":" << json_num(status.lr)
-               << ",\"scale\":" << json_num(status.scale) << ",\"skipped\":0,\"grad_norm\":" << json_num(status.grad_norm)
+               << ",\"scale\":" << json_num(status.scale)
+               << ",\"skipped\":" << (st.scaler ? st.scaler->skipped() : 0) << ",\"applied\":" << (status.applied ? "true" : "false")
+               << ",\"grad_norm\":" << json_num(status.grad_norm)
                << ",\"img_per_s\":" << json_num(ips) << ",\"data_wait_s\":" << json_num(st.loader->wait_seconds())
                << ",\"pool_in_use_mib\":[";
             for (int r = 0; r < R; ++r)
@@ -292,6 +339,7 @@ FitResult Trainer::fit() {
       rep.pmean(st.model->buffers().data<float>(), static_cast<size_t>(st.model->buffers().numel()));
     if (lead) {
       result.steps = global_step;
+      result.skipped = st.scaler ? st.scaler->skipped() : 0;
       if (!result.history.empty()) result.last_loss = result.history.back().loss;
       save_model(*st.model, st.model->params(), st.model->buffers(), run_dir + "/model.bin");
     }
@@ -301,6 +349,7 @@ FitResult Trainer::fit() {
   for (auto& h : result.history) images += h.samples;
   result.images_per_second = images / std::max(train_seconds, 1e-9);
   if (opts_.print) {
+    if (states_[0].scaler) std::printf("replica: %ld of %ld steps skipped for overflow\n", (long)result.skipped, (long)result.steps);
     std::printf("replica: %ld steps in %.1f s (%.0f img/s training); model saved to %s/model.bin, metrics in %s\n",
                 (long)result.steps, result.seconds, result.images_per_second, run_dir.c_str(), metrics_path_.c_str());
     std::fflush(stdout);

@@ -27,6 +27,7 @@ struct FitResult {
   EvalResult test;
   double seconds = 0;
   double images_per_second = 0;  // training throughput (evaluation excluded)
+  int64_t skipped = 0;           // steps skipped for overflowing gradients (fp16)
   std::vector<StepStatus> history;  // every step (rank 0's view; all ranks agree)
 };
 
@@ -57,6 +58,7 @@ class Trainer {
   struct State {
     std::unique_ptr<nn::Model> model;
     std::unique_ptr<optim::Optimizer> opt;
+    std::unique_ptr<optim::DynamicLossScaler> scaler;
     std::unique_ptr<ReplicaStep> step;
     std::unique_ptr<data::ReplicaLoader> loader;
   };

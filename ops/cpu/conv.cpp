@@ -9,6 +9,7 @@
 
 #include "core/errors.h"
 #include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/mixed.h"
 #include "ops/cpu/threads.h"
 
 #ifdef REPLICA_WITH_OPENMP
@@ -120,6 +121,15 @@ void for_chunks(int64_t nchunks, int threads, F&& fn) {
 // convolutions use the input rows directly.
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
                                 MemoryPool& ws) {
+  if (!all_f32({&x, &w, &y})) {  // 16-bit storage: compute in f32, round outputs once
+    MixedScope m({&x, &w, &y});
+    Tensor X = m.in(x);
+    Tensor W = m.in(w);
+    Tensor Y = m.out(y);
+    conv2d_forward(X, W, Y, g, ws);
+    m.finish();
+    return;
+  }
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
@@ -144,6 +154,15 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
                                       const ConvGeom& g, MemoryPool& ws) {
+  if (!all_f32({&dy, &w, &dx})) {  // 16-bit storage: compute in f32, round outputs once
+    MixedScope m({&dy, &w, &dx});
+    Tensor DY = m.in(dy);
+    Tensor W = m.in(w);
+    Tensor DX = m.out(dx);
+    conv2d_backward_data(DY, W, DX, g, ws);
+    m.finish();
+    return;
+  }
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
@@ -169,6 +188,15 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
 
 void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                         const ConvGeom& g, MemoryPool& ws) {
+  if (!all_f32({&x, &dy, &dw})) {  // 16-bit storage: compute in f32, round outputs once
+    MixedScope m({&x, &dy, &dw});
+    Tensor X = m.in(x);
+    Tensor DY = m.in(dy);
+    Tensor DW = m.inout(dw);
+    conv2d_backward_filter(X, DY, DW, g, ws);
+    m.finish();
+    return;
+  }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
   const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;

@@ -25,6 +25,9 @@ class CpuBackend : public Backend {
                           const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                           const Tensor& dgamma, const Tensor& dbeta,
                           const AllReduceFn& allreduce) override;
+  void batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& mean, const Tensor& invstd, const Tensor& dx,
+                                 const Tensor& dgamma, const Tensor& dbeta) override;
   void relu_forward(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
@@ -46,6 +49,7 @@ class CpuBackend : public Backend {
                              const Tensor& dlogits) override;
   void cast(const Tensor& src, const Tensor& dst) override;
   double sum_squares(const Tensor& x) override;
+  bool unscale_check_finite(const Tensor& grads, float inv_scale) override;
 };
 
 }  // namespace replica::ops

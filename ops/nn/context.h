@@ -24,10 +24,16 @@ class Context {
   bool training() const { return training_; }
   void set_training(bool t) { training_ = t; }
 
-  // A fresh tensor from the pool (tag activations unless said otherwise).
-  Tensor alloc(Shape s, MemTag tag = MemTag::activations, DType dt = DType::f32) {
-    return Tensor::empty(pool_, s, dt, tag);
-  }
+  // A fresh activation-dtype tensor from the pool (tag activations unless said otherwise).
+  Tensor alloc(Shape s, MemTag tag = MemTag::activations) { return Tensor::empty(pool_, s, act_dtype, tag); }
+  Tensor alloc(Shape s, MemTag tag, DType dt) { return Tensor::empty(pool_, s, dt, tag); }
+
+  // Storage type of activations and their gradients: f32, or f16/bf16 for mixed precision (the
+  // kernels compute in f32 either way; 16-bit storage halves activation memory).
+  DType act_dtype = DType::f32;
+  // Batch norm uses its running statistics in training too ("frozen" BN: fine-tuning, and the
+  // accumulation-equivalence tests); nothing updates them.
+  bool bn_frozen = false;
 
   // What `layer` keeps for its backward; released by `release(layer)` or `clear()`.
   std::vector<Tensor>& saved(const Layer* layer) { return saved_[layer]; }

@@ -104,11 +104,19 @@ Shape BatchNorm2d::output_shape(const Shape& in) const {
 Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
   output_shape(x.shape());
   Tensor y = ctx.alloc(x.shape());
-  if (!ctx.training()) {
+  if (!ctx.training() || ctx.bn_frozen) {
     ctx.backend().batchnorm_forward_eval(x, gamma, beta, y, running_mean, running_var, eps_);
+    if (ctx.training()) {
+      // Frozen BN: y is an affine map of x with the running statistics; backward needs those.
+      Tensor invstd = ctx.alloc({c_}, MemTag::activations, DType::f32);
+      for (int64_t c = 0; c < c_; ++c)
+        invstd.data<float>()[c] = 1.0f / std::sqrt(running_var.data<float>()[c] + eps_);
+      ctx.saved(this) = {x, running_mean, invstd};
+    }
     return y;
   }
-  Tensor mean = ctx.alloc({c_}), invstd = ctx.alloc({c_});
+  Tensor mean = ctx.alloc({c_}, MemTag::activations, DType::f32);
+  Tensor invstd = ctx.alloc({c_}, MemTag::activations, DType::f32);
   ctx.backend().batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var,
                                         momentum_, eps_, ctx.bn_allreduce);
   ctx.saved(this) = {x, mean, invstd};
@@ -119,8 +127,10 @@ Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
   auto s = ctx.saved(this);
   ctx.release(this);
   Tensor dx = ctx.alloc(s[0].shape());
-  ctx.backend().batchnorm_backward(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad,
-                                   ctx.bn_allreduce);
+  if (ctx.bn_frozen)
+    ctx.backend().batchnorm_backward_frozen(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad);
+  else
+    ctx.backend().batchnorm_backward(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad, ctx.bn_allreduce);
   ctx.grads_ready(slot_, 2);
   return dx;
 }

@@ -42,7 +42,9 @@ Shape Model::output_shape(int64_t batch) const {
   return root_->output_shape(in);
 }
 
-void Model::materialize(MemoryPool& pool, uint64_t seed) {
+void Model::materialize(MemoryPool& pool, uint64_t seed, DType compute) {
+  if (compute != DType::f32 && compute != DType::f16 && compute != DType::bf16)
+    throw ConfigError(name_ + ": compute dtype must be f32, f16 or bf16");
   params_ = Tensor::zeros(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::params);
   grads_ = Tensor::zeros(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::grads);
   buffers_ = Tensor::zeros(pool, {std::max<int64_t>(num_buffers_, 1)}, DType::f32, MemTag::params);
@@ -76,6 +78,16 @@ void Model::materialize(MemoryPool& pool, uint64_t seed) {
     *b.value = buffers_.view(b.offset, b.shape);
     std::fill_n(b.value->data<float>(), b.shape.numel(), b.init);
   }
+  if (compute != DType::f32) {
+    compute_ = Tensor::empty(pool, params_.shape(), compute, MemTag::params);
+    for (auto& p : reg_.params()) *p.value = compute_.view(p.offset, p.shape);
+    refresh_compute_copy();
+  }
+}
+
+void Model::refresh_compute_copy() {
+  if (compute_.defined())
+    convert(params_.raw(), DType::f32, compute_.raw(), compute_.dtype(), static_cast<size_t>(params_.numel()));
 }
 
 Tensor Model::forward(Context& ctx, const Tensor& x) {

@@ -17,14 +17,18 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   // Allocates the flat buffers from `pool` and initialises them deterministically from `seed`.
-  void materialize(MemoryPool& pool, uint64_t seed);
+  // With a 16-bit compute dtype the layers see a 16-bit copy of the parameters (tag params) while
+  // params() stays the f32 master that the optimizer updates; refresh_compute_copy() re-rounds it.
+  void materialize(MemoryPool& pool, uint64_t seed, DType compute = DType::f32);
+  void refresh_compute_copy();
+  DType compute_dtype() const { return compute_.defined() ? compute_.dtype() : DType::f32; }
   bool materialized() const { return params_.defined(); }
 
   Tensor forward(Context& ctx, const Tensor& x);
   void backward(Context& ctx, const Tensor& dlogits);
   void zero_grad();
 
-  Tensor& params() { return params_; }
+  Tensor& params() { return params_; }  // the f32 master copy
   Tensor& grads() { return grads_; }
   Tensor& buffers() { return buffers_; }
   const ParamRegistry& registry() const { return reg_; }
@@ -45,7 +49,7 @@ class Model {
   int64_t classes_;
   ParamRegistry reg_;
   int64_t num_params_ = 0, num_buffers_ = 0;
-  Tensor params_, grads_, buffers_;
+  Tensor params_, grads_, buffers_, compute_;
 };
 
 }  // namespace replica::nn
