@@ -61,7 +61,9 @@ TEST(Config, ErrorsNameFileLineKeyAndSuggest) {
   EXPECT_HAS(error_of("parallel:\n  sync_bn: maybe\n"), "'maybe' is not a boolean");
   EXPECT_HAS(error_of("train: [1, 2\n"), "run.yaml:");
   EXPECT_HAS(error_of("optim:\n  schedule: step\n"), "optim.schedule: step needs optim.milestones");
-  EXPECT_HAS(error_of("train:\n  precision: fp16\n"), "not available in this build yet");
+  EXPECT_HAS(error_of("train:\n  precision: fp8\n"), "train.precision: 'fp8' is not one of: fp32, fp16, bf16");
+  EXPECT_HAS(error_of("train:\n  loss_scale: lots\n"), "train.loss_scale: 'lots' is not a number");
+  EXPECT_HAS(error_of("parallel:\n  grad_dtype: int8\n"), "parallel.grad_dtype");
   EXPECT_HAS(error_of("", {"train.epochs"}), "expected section.key=value");
   EXPECT_HAS(error_of("", {"train.epocs=2"}), "--set train.epocs=2: unknown key 'train.epocs'; did you mean 'epochs'?");
   EXPECT_HAS(error_of("", {"train.epochs=-1"}), "--set train.epochs: -1 is out of range");
