@@ -1,0 +1,101 @@
+// Memory per replica by precision, and what gradient accumulation buys in a fixed-size pool.
+//  1. One training step (forward, backward, SGD update) of ResNet-20 (28x28x1, batch 128) and
+//     ResNet-50 (224x224x3, batch 16) at fp32, fp16 and bf16: peak pool in use, peak activations
+//     (tag activations: saved tensors and activation gradients), and the 16-bit/fp32 ratio.
+//  2. A preallocated pool sized for micro-batch 32: global batch 128 in one go runs out of memory,
+//     and the same global batch trains as 4 accumulation steps of 32.
+//   replica_bench_memory
+#include <cstdio>
+#include <map>
+
+#include "core/errors.h"
+#include "core/pools.h"
+#include "ops/models/resnet.h"
+#include "optim/optimizer.h"
+#include "train/trainer.h"
+
+using namespace replica;
+
+namespace {
+
+struct Peak {
+  size_t total = 0, activations = 0;
+};
+
+Peak one_step(const models::ResNetConfig& mc, int64_t batch, DType dt) {
+  PoolOptions po;
+  po.mode = AllocatorMode::growth;
+  auto pool = make_pool({DeviceKind::cpu, 0}, po);
+  auto model = models::make_resnet(mc);
+  model->materialize(*pool, 1, dt);
+  optim::Sgd sgd(model->registry(), model->num_params(), *pool, {});
+  Tensor x = Tensor::zeros(*pool, {batch, mc.height, mc.width, mc.in_channels}, DType::f32, MemTag::activations);
+  Tensor y = Tensor::zeros(*pool, {batch}, DType::i32, MemTag::activations);
+  pool->reset_peaks();
+  auto& be = ops::backend_for(pool->device());
+  {
+    nn::Context ctx(*pool, be, true);
+    ctx.act_dtype = dt;
+    Tensor logits = model->forward(ctx, x);
+    Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);
+    be.softmax_xent_forward(logits, y, probs);
+    Tensor d = ctx.alloc(logits.shape());
+    be.softmax_xent_backward(probs, y, 1.f / batch, d);
+    logits = probs = Tensor();
+    model->backward(ctx, d);
+  }
+  sgd.step(model->params(), model->grads(), 0.1f);
+  model->refresh_compute_copy();
+  auto s = pool->stats();
+  return {s.peak_in_use, s.tags[static_cast<int>(MemTag::activations)].peak_in_use};
+}
+
+}  // namespace
+
+int main() {
+  std::printf("# one training step on one replica: peak pool in use and peak activations (MiB)\n");
+  std::printf("# %-30s %-6s %12s %12s %14s\n", "model", "prec", "peak total", "activations", "act vs fp32");
+  struct Case {
+    const char* name;
+    models::ResNetConfig mc;
+    int64_t batch;
+  };
+  Case cases[] = {{"resnet20 28x28x1 batch 128", {.arch = "resnet20"}, 128},
+                  {"resnet50 224x224x3 batch 16",
+                   {.arch = "resnet50", .in_channels = 3, .num_classes = 1000, .height = 224, .width = 224}, 16}};
+  for (auto& c : cases) {
+    double base = 0;
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      Peak p = one_step(c.mc, c.batch, dt);
+      if (dt == DType::f32) base = static_cast<double>(p.activations);
+      std::printf("  %-30s %-6s %12.1f %12.1f %13.2fx\n", c.name, dtype_name(dt), p.total / 1048576.0,
+                  p.activations / 1048576.0, p.activations / base);
+      std::fflush(stdout);
+    }
+  }
+
+  std::printf("\n# fixed pool: global batch 128 of ResNet-20 on one replica, synthetic 28x28x1 data\n");
+  // Size the pool from a micro-batch-32 run, with 25% headroom.
+  Peak p32 = one_step({.arch = "resnet20"}, 32, DType::f32);
+  const size_t cap = p32.total + p32.total / 4 + (8 << 20);  // + the loader's prefetched batches
+  std::printf("  pool: preallocate %.1f MiB (peak of one micro-batch-32 step + 25%% + 8 MiB)\n", cap / 1048576.0);
+  for (int64_t micro : {128, 32}) {
+    std::vector<std::string> sets = {"data.dataset=synthetic", "data.synthetic_size=1024", "data.mean=[0.5]",
+                                     "data.std=[0.25]", "train.global_batch=128",
+                                     "train.micro_batch=" + std::to_string(micro), "train.max_steps=3",
+                                     "train.eval=false", "train.run_dir=runs/bench-memory", "parallel.devices=cpu:1",
+                                     "memory.mode=preallocate", "memory.bytes=" + std::to_string(cap)};
+    try {
+      train::Trainer t(train::parse_config("", "bench", sets), {.print = false, .on_step = nullptr});
+      auto r = t.fit();
+      std::printf("  micro-batch %3ld x %ld accumulation steps: trained %ld steps, loss %.3f, peak in use %.1f MiB\n",
+                  (long)micro, (long)(128 / micro), (long)r.steps, r.last_loss,
+                  t.group().replica(0).pool().stats().peak_in_use / 1048576.0);
+    } catch (const std::exception& e) {
+      std::string m = e.what();
+      std::printf("  micro-batch %3ld x %ld accumulation steps: out of memory: %s\n", (long)micro,
+                  (long)(128 / micro), m.substr(0, 160).c_str());
+    }
+  }
+  return 0;
+}
