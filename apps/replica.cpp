@@ -2,6 +2,7 @@
 // (configuration) or 1 (anything else).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 
 #include "apps/bench.h"
 #include "core/device.h"
@@ -9,7 +10,9 @@
 #include "core/log.h"
 #include "core/memory_pool.h"
 #include "core/pools.h"
+#include "train/checkpoint.h"
 #include "train/model_io.h"
+#include "train/signals.h"
 #include "train/trainer.h"
 
 using namespace replica;
@@ -48,12 +51,31 @@ int cmd_devices(const std::string& config, const std::vector<std::string>& sets)
   return 0;
 }
 
-int cmd_eval(const std::string& config, const std::vector<std::string>& sets, const std::string& model_path) {
-  auto cfg = train::load_config(config, sets);
-  train::Trainer trainer(cfg, {.print = false, .on_step = nullptr});
-  trainer.group().run([&](parallel::Replica& rep) { train::load_model(trainer.model(rep.rank()), model_path); });
+int cmd_eval(const std::string& config, const std::vector<std::string>& sets, const std::string& model_path,
+             const std::string& checkpoint) {
+  if (model_path.empty() == checkpoint.empty())
+    throw ConfigError("eval: give exactly one of --model RUN_DIR/model.bin or --checkpoint FILE|RUN_DIR");
+  std::string cfg_text_source = config;
+  train::RunConfig cfg;
+  if (!checkpoint.empty() && config.empty()) {
+    // The checkpoint carries its own configuration.
+    std::string file = checkpoint;
+    if (!std::filesystem::is_regular_file(file)) {
+      auto all = train::list_checkpoints(checkpoint + "/checkpoints");
+      if (all.empty()) throw ConfigError("--checkpoint " + checkpoint + ": no checkpoints found");
+      file = all.front();
+    }
+    cfg = train::parse_config(train::read_checkpoint(file).sections.at("config"), file + " (config section)", sets);
+  } else {
+    cfg = train::load_config(config, sets);
+  }
+  train::TrainerOptions to{.print = false, .on_step = nullptr, .resume = checkpoint};
+  train::Trainer trainer(cfg, to);
+  if (!model_path.empty())
+    trainer.group().run([&](parallel::Replica& rep) { train::load_model(trainer.model(rep.rank()), model_path); });
   auto r = trainer.evaluate();
-  std::printf("%s on %s: test loss %.4f accuracy %.2f%% (%ld images)\n", model_path.c_str(), cfg.data.dataset.c_str(),
+  std::printf("%s on %s: test loss %.4f accuracy %.2f%% (%ld images)\n",
+              (model_path.empty() ? checkpoint : model_path).c_str(), cfg.data.dataset.c_str(),
               r.loss, 100 * r.accuracy, (long)r.count);
   return 0;
 }
@@ -66,7 +88,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "debug, info, warn, error or off");
 
-  std::string config, devices, run_dir, model_path;
+  std::string config, devices, run_dir, model_path, resume, checkpoint;
   std::vector<std::string> sets;
   auto add_common = [&](CLI::App* c) {
     c->add_option("config", config, "YAML run configuration (default: the built-in configs/default.yaml)");
@@ -76,9 +98,11 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "train a model");
   add_common(train_cmd);
   train_cmd->add_option("--run-dir", run_dir, "where to write config, metrics and the model (train.run_dir)");
+  train_cmd->add_option("--resume", resume, "continue from the newest valid checkpoint of RUN_DIR (or a .ckpt file)");
   auto* eval_cmd = app.add_subcommand("eval", "evaluate a saved model on the test split");
   add_common(eval_cmd);
-  eval_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)")->required();
+  eval_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)");
+  eval_cmd->add_option("--checkpoint", checkpoint, "a checkpoint file, or RUN_DIR for its newest checkpoint");
   auto* dev_cmd = app.add_subcommand("devices", "list devices and the memory pool each would take");
   add_common(dev_cmd);
 
@@ -110,12 +134,26 @@ int main(int argc, char** argv) {
     if (!devices.empty()) sets.push_back("parallel.devices=" + devices);
     if (!run_dir.empty()) sets.push_back("train.run_dir=" + run_dir);
     if (*train_cmd) {
+      if (!resume.empty() && run_dir.empty()) {
+        // Resuming writes into the run being resumed unless told otherwise.
+        std::string dir = std::filesystem::is_regular_file(resume)
+                              ? std::filesystem::path(resume).parent_path().parent_path().string()
+                              : resume;
+        sets.push_back("train.run_dir=" + dir);
+      }
       auto cfg = train::load_config(config, sets);
-      train::Trainer trainer(cfg);
-      trainer.fit();
+      train::install_stop_signals();
+      train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = resume});
+      auto r = trainer.fit();
+      if (r.stopped_by_signal) {
+        std::printf("replica: stopped by signal %d after step %ld; checkpoint %s\n"
+                    "replica: resume with: replica train%s%s --resume %s\n",
+                    train::stop_signal(), (long)r.steps, r.last_checkpoint.c_str(), config.empty() ? "" : " ",
+                    config.c_str(), cfg.train.run_dir.c_str());
+      }
       return 0;
     }
-    if (*eval_cmd) return cmd_eval(config, sets, model_path);
+    if (*eval_cmd) return cmd_eval(config, sets, model_path, checkpoint);
     if (*dev_cmd) return cmd_devices(config, sets);
     if (*ar_cmd) {
       ar.min_bytes = apps::parse_size(min_s);

@@ -114,6 +114,7 @@ std::map<std::string, Section> schema(RunConfig& c) {
   auto& o = c.optim;
   auto& p = c.parallel;
   auto& mem = c.memory;
+  auto& ck = c.checkpoint;
   static constexpr double inf = 1e300;
   return {
       {"model",
@@ -168,7 +169,13 @@ std::map<std::string, Section> schema(RunConfig& c) {
         {"max_steps", [&](auto& n, auto& l) { t.max_steps = as_int(n, l, 0, int64_t(1) << 40); }},
         {"run_dir", [&](auto& n, auto& l) { t.run_dir = scalar(n, l); }},
         {"eval", [&](auto& n, auto& l) { t.eval = as_bool(n, l); }},
-        {"eval_batch", [&](auto& n, auto& l) { t.eval_batch = as_int(n, l, 1, int64_t(1) << 20); }}}},
+        {"eval_batch", [&](auto& n, auto& l) { t.eval_batch = as_int(n, l, 1, int64_t(1) << 20); }},
+        {"tensorboard", [&](auto& n, auto& l) { t.tensorboard = as_bool(n, l); }}}},
+      {"checkpoint",
+       {{"every_steps", [&](auto& n, auto& l) { ck.every_steps = as_int(n, l, 0, int64_t(1) << 40); }},
+        {"every_epochs", [&](auto& n, auto& l) { ck.every_epochs = as_int(n, l, 0, int64_t(1) << 40); }},
+        {"keep_last", [&](auto& n, auto& l) { ck.keep_last = static_cast<int>(as_int(n, l, 0, 1000000)); }},
+        {"dir", [&](auto& n, auto& l) { ck.dir = scalar(n, l); }}}},
       {"optim",
        {{"name", [&](auto& n, auto& l) { o.name = one_of(n, l, {"sgd", "adamw", "lars"}); }},
         {"beta1", [&](auto& n, auto& l) { o.beta1 = as_double(n, l, 0, 0.999999); }},
@@ -241,7 +248,11 @@ std::string emit(const RunConfig& c) {
     << YAML::Value << c.train.seed << YAML::Key << "log_every" << YAML::Value << c.train.log_every << YAML::Key
     << "max_steps" << YAML::Value << c.train.max_steps << YAML::Key << "run_dir" << YAML::Value << c.train.run_dir
     << YAML::Key << "eval" << YAML::Value << c.train.eval << YAML::Key << "eval_batch" << YAML::Value
-    << c.train.eval_batch << YAML::EndMap;
+    << c.train.eval_batch << YAML::Key << "tensorboard" << YAML::Value << c.train.tensorboard << YAML::EndMap;
+  e << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "every_steps" << YAML::Value
+    << c.checkpoint.every_steps << YAML::Key << "every_epochs" << YAML::Value << c.checkpoint.every_epochs
+    << YAML::Key << "keep_last" << YAML::Value << c.checkpoint.keep_last << YAML::Key << "dir" << YAML::Value
+    << c.checkpoint.dir << YAML::EndMap;
   e << YAML::Key << "optim" << YAML::Value << YAML::BeginMap << YAML::Key << "name" << YAML::Value << c.optim.name
     << YAML::Key << "beta1" << YAML::Value << c.optim.beta1 << YAML::Key << "beta2" << YAML::Value << c.optim.beta2
     << YAML::Key << "eps" << YAML::Value << c.optim.eps << YAML::Key << "trust_coefficient" << YAML::Value
@@ -300,7 +311,7 @@ RunConfig parse_config(const std::string& text, const std::string& source, const
     throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  if (!root.IsMap()) throw ConfigError(source + ": expected sections (model, data, train, optim, parallel, memory)");
+  if (!root.IsMap()) throw ConfigError(source + ": expected sections (model, data, train, optim, parallel, memory, checkpoint)");
   RunConfig c;
   c.source = source;
   auto sch = schema(c);
@@ -333,7 +344,7 @@ RunConfig parse_config(const std::string& text, const std::string& source, const
     int line = it->first.Mark().line + 1;
     if (!sch.count(sec))
       throw ConfigError(source + ":" + std::to_string(line) + ": unknown section '" + sec + "'" + suggest(sec, sections) +
-                        " (sections: model, data, train, optim, parallel, memory)");
+                        " (sections: model, data, train, optim, parallel, memory, checkpoint)");
     if (it->second.IsNull()) continue;
     if (!it->second.IsMap()) throw ConfigError(source + ":" + std::to_string(line) + ": " + sec + ": expected key: value pairs");
     auto& section = sch[sec];

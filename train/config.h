@@ -46,6 +46,7 @@ struct TrainConfig {
   std::string run_dir = "runs/default";
   bool eval = true;
   int64_t eval_batch = 500;
+  bool tensorboard = true;  // event files in the run directory
 };
 
 struct OptimConfig {
@@ -80,6 +81,13 @@ struct ParallelConfig {
   int intra_op_threads = 1;  // threads each CPU replica's kernels may use
 };
 
+struct CheckpointConfig {
+  int64_t every_steps = 0;   // 0: off
+  int64_t every_epochs = 1;  // 0: off
+  int keep_last = 3;         // 0: keep all
+  std::string dir;           // empty: RUN_DIR/checkpoints
+};
+
 struct MemoryConfig {
   std::optional<std::string> mode;   // unset: the device kind's default, then REPLICA_* env
   std::optional<double> fraction;
@@ -93,6 +101,7 @@ struct RunConfig {
   OptimConfig optim;
   ParallelConfig parallel;
   MemoryConfig memory;
+  CheckpointConfig checkpoint;
   std::string source;    // file name, or "built-in default"
   std::string resolved;  // the effective configuration as YAML (written to the run directory)
 };

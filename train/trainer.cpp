@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <cstring>
 #include <sstream>
 
 #include "core/alloc_trace.h"
@@ -17,7 +18,10 @@
 #include "core/pools.h"
 #include "ops/cpu/threads.h"
 #include "ops/models/resnet.h"
+#include "train/checkpoint.h"
 #include "train/model_io.h"
+#include "train/signals.h"
+#include "train/tensorboard.h"
 
 namespace replica::train {
 
@@ -165,6 +169,141 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), rep.pool(), aug_,
                                                       cfg_.train.seed, cfg_.data.prefetch);
   });
+  if (!opts_.resume.empty()) load_resume_point();
+}
+
+std::string Trainer::checkpoint_dir() const {
+  return cfg_.checkpoint.dir.empty() ? cfg_.train.run_dir + "/checkpoints" : cfg_.checkpoint.dir;
+}
+
+namespace {
+std::string tensor_bytes(const Tensor& t) { return std::string(static_cast<const char*>(t.raw()), t.nbytes()); }
+void bytes_into(const std::string& b, const Tensor& t, const std::string& what) {
+  if (b.size() != t.nbytes())
+    throw IoError("checkpoint section '" + what + "' holds " + std::to_string(b.size()) + " bytes, the model needs " +
+                  std::to_string(t.nbytes()) + " (another model or width?)");
+  std::memcpy(t.raw(), b.data(), b.size());
+}
+}  // namespace
+
+std::string Trainer::save_checkpoint(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch) {
+  rep.comm().barrier();  // every replica is between steps; rank 0 reads their state
+  std::string path;
+  if (rep.rank() == 0) {
+    auto& st = states_[0];
+    Checkpoint c;
+    c.sections["config"] = cfg_.resolved;
+    c.set_meta({{"global_step", std::to_string(global_step)},
+                {"epoch", std::to_string(epoch)},
+                {"step_in_epoch", std::to_string(step_in_epoch)},
+                {"world", std::to_string(replicas())},
+                {"global_batch", std::to_string(cfg_.train.global_batch)},
+                {"arch", st.model->name()},
+                {"num_params", std::to_string(st.model->num_params())},
+                {"num_buffers", std::to_string(st.model->num_buffers())},
+                {"precision", cfg_.train.precision},
+                {"optimizer", st.opt->name()},
+                {"optimizer_steps", std::to_string(st.opt->steps())},
+                {"seed", std::to_string(cfg_.train.seed)}});
+    c.sections["params"] = tensor_bytes(st.model->params());
+    for (int r = 0; r < replicas(); ++r) c.sections["buffers." + std::to_string(r)] = tensor_bytes(states_[r].model->buffers());
+    std::string opt;
+    for (Tensor* t : st.opt->state()) opt += tensor_bytes(*t);
+    c.sections["optimizer"] = opt;
+    if (st.scaler) {
+      auto ss = st.scaler->state();
+      c.sections["scaler"] = std::string(reinterpret_cast<const char*>(&ss), sizeof ss);
+    }
+    path = checkpoint_path(checkpoint_dir(), global_step);
+    write_checkpoint(c, path);
+    rotate_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last);
+  }
+  rep.comm().barrier();
+  return path;
+}
+
+void Trainer::load_resume_point() {
+  std::vector<std::string> candidates;
+  const std::string& where = opts_.resume;
+  if (std::filesystem::is_regular_file(where)) {
+    candidates.push_back(where);
+  } else {
+    candidates = list_checkpoints(where + "/checkpoints");
+    if (candidates.empty()) candidates = list_checkpoints(where);
+  }
+  if (candidates.empty())
+    throw ConfigError("--resume " + where + ": no checkpoints (step-*.ckpt) in " + where + "/checkpoints");
+  Checkpoint ck;
+  std::string used, reasons;
+  for (auto& c : candidates) {
+    try {
+      ck = read_checkpoint(c);
+      if (ck.meta_value("arch") != states_[0].model->name() ||
+          std::stoll(ck.meta_value("num_params")) != states_[0].model->num_params())
+        throw IoError(c + ": section 'meta': holds a " + ck.meta_value("arch") + " with " + ck.meta_value("num_params") +
+                      " parameters but the configuration builds a " + states_[0].model->name() + " with " +
+                      std::to_string(states_[0].model->num_params()));
+      used = c;
+      break;
+    } catch (const IoError& e) {
+      log_warn("skipping checkpoint ", c, ": ", e.what(), candidates.back() == c ? "" : "; trying the previous one");
+      reasons += std::string("\n  ") + e.what();
+    }
+  }
+  if (used.empty()) throw IoError("--resume " + where + ": no valid checkpoint:" + reasons);
+  if (std::stoll(ck.meta_value("global_batch")) != cfg_.train.global_batch)
+    throw ConfigError("--resume: the checkpoint was trained with global batch " + ck.meta_value("global_batch") +
+                      " but the configuration says " + std::to_string(cfg_.train.global_batch) +
+                      "; keep train.global_batch (the data position and the schedule depend on it)");
+  const int old_world = std::stoi(ck.meta_value("world"));
+  group_->run([&](parallel::Replica& rep) {
+    auto& st = states_[rep.rank()];
+    bytes_into(ck.sections.at("params"), st.model->params(), "params");
+    Tensor& b = st.model->buffers();
+    if (old_world == replicas() && ck.sections.count("buffers." + std::to_string(rep.rank()))) {
+      bytes_into(ck.sections.at("buffers." + std::to_string(rep.rank())), b, "buffers");
+    } else {  // another replica count: every replica starts from the average statistics
+      std::vector<double> acc(static_cast<size_t>(b.numel()), 0.0);
+      int n = 0;
+      for (auto& [name, bytes] : ck.sections)
+        if (name.rfind("buffers.", 0) == 0) {
+          bytes_into(bytes, b, name);
+          for (int64_t i = 0; i < b.numel(); ++i) acc[i] += b.data<float>()[i];
+          n++;
+        }
+      for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = static_cast<float>(acc[i] / std::max(n, 1));
+    }
+    st.model->refresh_compute_copy();
+    const std::string& opt = ck.sections.count("optimizer") ? ck.sections.at("optimizer") : std::string();
+    size_t need = 0;
+    for (Tensor* t : st.opt->state()) need += t->nbytes();
+    if (ck.meta_value("optimizer") != st.opt->name() || opt.size() != need)
+      throw ConfigError("--resume: the checkpoint's optimizer is " + ck.meta_value("optimizer") + ", the configuration's " +
+                        st.opt->name() + "; keep optim.name to resume");
+    size_t off = 0;
+    for (Tensor* t : st.opt->state()) {
+      std::memcpy(t->raw(), opt.data() + off, t->nbytes());
+      off += t->nbytes();
+    }
+    st.opt->set_steps(std::stoll(ck.meta_value("optimizer_steps")));
+    if (st.scaler && ck.sections.count("scaler")) {
+      optim::DynamicLossScaler::State ss;
+      std::memcpy(&ss, ck.sections.at("scaler").data(), sizeof ss);
+      st.scaler->restore(ss);
+    }
+  });
+  start_global_step_ = std::stoll(ck.meta_value("global_step"));
+  start_epoch_ = std::stoll(ck.meta_value("epoch"));
+  start_step_in_epoch_ = std::stoll(ck.meta_value("step_in_epoch"));
+  resumed_from_ = used;
+  if (opts_.print) {
+    std::printf("replica: resumed from %s at step %ld (epoch %ld, step %ld of it)\n", used.c_str(),
+                (long)start_global_step_, (long)start_epoch_ + 1, (long)start_step_in_epoch_);
+    if (old_world != replicas())
+      std::printf("replica: the checkpoint ran on %d replica(s), this run on %d: %d accumulation step(s) of %ld keep the "
+                  "global batch of %ld\n",
+                  old_world, replicas(), accumulation_, (long)micro_, (long)cfg_.train.global_batch);
+  }
 }
 
 Trainer::~Trainer() {
@@ -222,7 +361,10 @@ FitResult Trainer::fit() {
   std::filesystem::create_directories(run_dir);
   write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
   metrics_path_ = run_dir + "/metrics.jsonl";
-  std::ofstream(metrics_path_, std::ios::trunc).close();
+  // A resumed run appends to its metrics; a fresh one starts them anew.
+  if (resumed_from_.empty()) std::ofstream(metrics_path_, std::ios::trunc).close();
+  std::unique_ptr<TensorBoardWriter> tb;
+  if (cfg_.train.tensorboard) tb = std::make_unique<TensorBoardWriter>(run_dir);
   if (opts_.print) {
     std::printf("replica: %s on %s (%d replica%s, %s), %s\n", states_[0].model->summary().c_str(),
                 cfg_.parallel.devices.c_str(), R, R > 1 ? "s" : "", group_->replica(0).pool().describe().c_str(),
@@ -247,15 +389,18 @@ FitResult Trainer::fit() {
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.rank()];
     const bool lead = rep.rank() == 0;
-    int64_t global_step = 0;
+    int64_t global_step = start_global_step_;
+    int64_t last_saved = -1;
+    bool stop = false;
     auto t_window = Clock::now();
     int64_t window_images = 0;
     double window_loss = 0, window_acc = 0;
     int window_steps = 0;
-    for (int64_t epoch = 0; epoch < epochs && global_step < total_steps_; ++epoch) {
+    for (int64_t epoch = start_epoch_; epoch < epochs && global_step < total_steps_ && !stop; ++epoch) {
       auto t_epoch = Clock::now();
-      st.loader->begin_epoch(epoch, 0);
-      for (int64_t s = 0; s < spe && global_step < total_steps_; ++s) {
+      const int64_t first = epoch == start_epoch_ ? start_step_in_epoch_ : 0;
+      st.loader->begin_epoch(epoch, first);
+      for (int64_t s = first; s < spe && global_step < total_steps_; ++s) {
         st.step->zero_grad();
         for (int k = 0; k < accumulation_; ++k) {
           data::Batch b = st.loader->next();
@@ -266,9 +411,25 @@ FitResult Trainer::fit() {
         global_step++;
         if (cfg_.parallel.check_every && global_step % cfg_.parallel.check_every == 0)
           parallel::check_replicas_agree(rep.comm(), st.model->params(), global_step);
+        // A signal reaches replicas at slightly different moments: agree on it through a sum.
+        float stop_vote = stop_requested() ? 1.f : 0.f;
+        if (rep.world() > 1) rep.psum(&stop_vote, 1);
+        stop = stop_vote > 0;
+        const int64_t next_epoch = s + 1 == spe ? epoch + 1 : epoch, next_step = s + 1 == spe ? 0 : s + 1;
+        if (stop || (cfg_.checkpoint.every_steps && global_step % cfg_.checkpoint.every_steps == 0)) {
+          auto path = save_checkpoint(rep, global_step, next_epoch, next_step);
+          last_saved = global_step;
+          if (lead) result.last_checkpoint = path;
+        }
+        if (lead) {
+          result.history.push_back(status);
+          if (opts_.on_step) opts_.on_step(status);
+        }
+        if (stop) {
+          if (lead) result.stopped_by_signal = true;
+          break;
+        }
         if (!lead) continue;
-        result.history.push_back(status);
-        if (opts_.on_step) opts_.on_step(status);
         window_images += status.samples;
         window_loss += status.loss;
         window_acc += status.accuracy;
@@ -309,6 +470,14 @@ FitResult Trainer::fit() {
               js << (r ? "," : "") << json_num(group_->replica(r).pool().stats().peak_in_use / 1048576.0);
             js << "]}";
             log_line(js.str());
+            if (tb) {
+              tb->scalar("train/loss", static_cast<float>(window_loss / window_steps), global_step);
+              tb->scalar("train/accuracy", static_cast<float>(window_acc / window_steps), global_step);
+              tb->scalar("train/lr", status.lr, global_step);
+              tb->scalar("train/loss_scale", status.scale, global_step);
+              tb->scalar("train/images_per_second", static_cast<float>(ips), global_step);
+              tb->flush();
+            }
             t_window = Clock::now();
             window_images = 0;
             window_loss = window_acc = 0;
@@ -318,7 +487,7 @@ FitResult Trainer::fit() {
       }
       double epoch_s = std::chrono::duration<double>(Clock::now() - t_epoch).count();
       if (lead) train_seconds += epoch_s;
-      if (cfg_.train.eval) {
+      if (cfg_.train.eval && !stop) {
         EvalResult e = evaluate_on(rep);
         if (lead) {
           result.test = e;
@@ -332,8 +501,25 @@ FitResult Trainer::fit() {
              << ",\"loss\":" << json_num(e.loss) << ",\"accuracy\":" << json_num(e.accuracy) << ",\"count\":" << e.count
              << ",\"epoch_seconds\":" << json_num(epoch_s) << "}";
           log_line(js.str());
+          if (tb) {
+            tb->scalar("test/loss", static_cast<float>(e.loss), global_step);
+            tb->scalar("test/accuracy", static_cast<float>(e.accuracy), global_step);
+            tb->flush();
+          }
         }
       }
+      if (!stop && cfg_.checkpoint.every_epochs && global_step % spe == 0 &&
+          (global_step / spe) % cfg_.checkpoint.every_epochs == 0 && last_saved != global_step) {
+        auto path = save_checkpoint(rep, global_step, epoch + 1, 0);
+        last_saved = global_step;
+        if (lead) result.last_checkpoint = path;
+      }
+    }
+    // The final state is a checkpoint too: nothing trained is lost.
+    if (last_saved != global_step) {
+      const int64_t e = global_step / spe, sie = global_step % spe;
+      auto path = save_checkpoint(rep, global_step, e, sie);
+      if (lead) result.last_checkpoint = path;
     }
     if (!cfg_.train.eval && rep.world() > 1)
       rep.pmean(st.model->buffers().data<float>(), static_cast<size_t>(st.model->buffers().numel()));

@@ -28,12 +28,16 @@ struct FitResult {
   double seconds = 0;
   double images_per_second = 0;  // training throughput (evaluation excluded)
   int64_t skipped = 0;           // steps skipped for overflowing gradients (fp16)
+  bool stopped_by_signal = false;
+  std::string last_checkpoint;
   std::vector<StepStatus> history;  // every step (rank 0's view; all ranks agree)
 };
 
 struct TrainerOptions {
   bool print = true;  // progress to stdout (a bar on a terminal, lines otherwise)
   std::function<void(const StepStatus&)> on_step;  // rank 0, after each step
+  // Resume from a run directory (its newest valid checkpoint) or a checkpoint file.
+  std::string resume;
 };
 
 // Builds the data set of a configuration's split ("train" / "test").
@@ -64,6 +68,11 @@ class Trainer {
   };
   EvalResult evaluate_on(parallel::Replica& rep);
   void log_line(const std::string& json);
+  // Called on every replica at the same step; rank 0 writes. Returns the path.
+  std::string save_checkpoint(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch);
+  // Loads the newest valid checkpoint (falling back with a warning past damaged ones).
+  void load_resume_point();
+  std::string checkpoint_dir() const;
 
   RunConfig cfg_;
   TrainerOptions opts_;
@@ -76,6 +85,9 @@ class Trainer {
   int accumulation_ = 1;
   int64_t micro_ = 0, total_steps_ = 0;
   std::string metrics_path_;
+  // Where a resumed run starts.
+  int64_t start_global_step_ = 0, start_epoch_ = 0, start_step_in_epoch_ = 0;
+  std::string resumed_from_;
 };
 
 }  // namespace replica::train

@@ -8,6 +8,10 @@
 #include <fstream>
 #include <regex>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 namespace {
 
 const std::string kBin = std::string(REPLICA_BINARY_DIR) + "/apps/replica";
@@ -91,4 +95,52 @@ TEST(Cli, DevicesListsCpuAndSaysWhyNoGpu) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("CPU:"), std::string::npos);
   EXPECT_NE(r.out.find("cpu:1: pool growth"), std::string::npos) << r.out;
+}
+
+TEST(Cli, SigtermCheckpointsExitsCleanlyAndResumes) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string dir = ::testing::TempDir() + "/cli_sigterm";
+  const std::string log = ::testing::TempDir() + "/cli_sigterm.log";
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> args = {kBin, "train", "--devices", "cpu:2", "--run-dir", dir,
+                                         "--set", "model.width=8", "--set", "data.limit_train=8192",
+                                         "--set", "data.limit_test=500", "--set", "train.global_batch=64",
+                                         "--set", "train.log_every=1", "--set", "train.epochs=2"};
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    dup2(fileno(f), 1);
+    dup2(fileno(f), 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(kBin.c_str(), argv.data());
+    _exit(127);
+  }
+  // wait until it has trained a few steps
+  for (int i = 0; i < 600; ++i) {
+    std::ifstream m(dir + "/metrics.jsonl");
+    int lines = 0;
+    std::string line;
+    while (std::getline(m, line)) lines++;
+    if (lines >= 3) break;
+    usleep(50 * 1000);
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::ifstream in(log);
+  std::string out((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_NE(out.find("stopped by signal 15"), std::string::npos) << out;
+  EXPECT_NE(out.find("resume with: replica train --resume " + dir), std::string::npos) << out;
+  ASSERT_FALSE(std::filesystem::is_empty(dir + "/checkpoints"));
+
+  auto r = run("train --devices cpu:2 --resume " + dir +
+               " --set model.width=8 --set data.limit_train=8192 --set data.limit_test=500"
+               " --set train.global_batch=64 --set train.log_every=1 --set train.epochs=2 --set train.max_steps=12");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + dir + "/checkpoints/step-"), std::string::npos) << r.out;
 }
