@@ -106,7 +106,9 @@ PoolOptions pool_options_from_env(PoolOptions o, const char* (*getenv_fn)(const 
     if (end == v || *end != '\0')
       throw ConfigError("REPLICA_MEM_FRACTION='" + std::string(v) +
                         "' is not a number; use a fraction in (0, 1], e.g. 0.75");
-    validate_fraction(f, "REPLICA_MEM_FRACTION");
+    if (!(f > 0.0 && f <= 1.0))
+      throw ConfigError("REPLICA_MEM_FRACTION='" + std::string(v) +
+                        "' is not a memory fraction; use a number in (0, 1], e.g. 0.75");
     o.fraction = f;
     o.fraction_source = "REPLICA_MEM_FRACTION";
   }
