@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/memory_pool.h"
 #include "core/pools.h"
+#include "parallel/mpi/mpi_communicator.h"
 #include "train/checkpoint.h"
 #include "train/model_io.h"
 #include "train/signals.h"
@@ -72,7 +73,7 @@ int cmd_eval(const std::string& config, const std::vector<std::string>& sets, co
   train::TrainerOptions to{.print = false, .on_step = nullptr, .resume = checkpoint};
   train::Trainer trainer(cfg, to);
   if (!model_path.empty())
-    trainer.group().run([&](parallel::Replica& rep) { train::load_model(trainer.model(rep.rank()), model_path); });
+    trainer.group().run([&](parallel::Replica& rep) { train::load_model(trainer.model(rep.local_index()), model_path); });
   auto r = trainer.evaluate();
   std::printf("%s on %s: test loss %.4f accuracy %.2f%% (%ld images)\n",
               (model_path.empty() ? checkpoint : model_path).c_str(), cfg.data.dataset.c_str(),
@@ -145,7 +146,7 @@ int main(int argc, char** argv) {
       train::install_stop_signals();
       train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = resume});
       auto r = trainer.fit();
-      if (r.stopped_by_signal) {
+      if (r.stopped_by_signal && trainer.group().lead_process()) {
         std::printf("replica: stopped by signal %d after step %ld; checkpoint %s\n"
                     "replica: resume with: replica train%s%s --resume %s\n",
                     train::stop_signal(), (long)r.steps, r.last_checkpoint.c_str(), config.empty() ? "" : " ",
@@ -163,9 +164,11 @@ int main(int argc, char** argv) {
     if (*tb_cmd) return apps::bench_train(tb);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "replica: error: %s\n", e.what());
+    parallel::abort_mpi_job("configuration error", 2);  // under mpirun: stop every process now
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "replica: error: %s\n", e.what());
+    parallel::abort_mpi_job(e.what(), 1);
     return 1;
   }
   return 0;

@@ -4,8 +4,11 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <cstdlib>
+
 #include "core/pools.h"
 #include "parallel/host/host_communicator.h"
+#include "parallel/mpi/mpi_communicator.h"
 
 namespace replica::parallel {
 
@@ -16,13 +19,30 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
   if (any_cuda)
     throw ConfigError("parallel.devices: GPU replicas need the NCCL communicator, which this build "
                       "does not have yet; use cpu:N");
-  HostCommOptions co;
-  co.timeout = opts.comm_timeout;
-  auto comms = make_host_communicators(static_cast<int>(devices.size()), co);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  if (launched_by_mpi()) {
+    MpiCommOptions mo;
+    mo.timeout = opts.comm_timeout;
+    comms = make_mpi_communicators(static_cast<int>(devices.size()), mo);
+    auto p = mpi_process();
+    process_rank_ = p.rank;
+    processes_ = p.size;
+    // Processes sharing a node take disjoint cores: the launcher says which one this is.
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+      if (const char* s = std::getenv(v)) {
+        node_slot_ = std::atoi(s);
+        break;
+      }
+  } else {
+    HostCommOptions co;
+    co.timeout = opts.comm_timeout;
+    comms = make_host_communicators(static_cast<int>(devices.size()), co);
+  }
   pin_ = pin_ && static_cast<int>(devices.size()) <= host_core_count();
   for (size_t r = 0; r < devices.size(); ++r) {
     auto rep = std::make_unique<Replica>();
-    rep->rank_ = static_cast<int>(r);
+    rep->local_ = static_cast<int>(r);
+    rep->rank_ = comms[r]->rank();
     rep->device_ = devices[r];
     rep->pool_ = make_pool(devices[r], devices[r].kind == DeviceKind::cpu ? opts.cpu_pool : opts.cuda_pool);
     rep->stream_ = make_stream(devices[r]);
@@ -46,7 +66,7 @@ void ReplicaGroup::worker(int r) {
   if (pin_ && replicas_[r]->device_.kind == DeviceKind::cpu) {
     cpu_set_t set;
     CPU_ZERO(&set);
-    CPU_SET(r % host_core_count(), &set);
+    CPU_SET((node_slot_ * size() + r) % host_core_count(), &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
   }
   uint64_t seen = 0;
@@ -66,8 +86,8 @@ void ReplicaGroup::worker(int r) {
       err = std::current_exception();
     } catch (const std::exception& e) {
       err = std::current_exception();
-      replicas_[r]->comm_->abort("replica " + std::to_string(r) + " (" + replicas_[r]->device_.str() +
-                                 ") failed: " + e.what());
+      replicas_[r]->comm_->abort("replica " + std::to_string(replicas_[r]->rank_) + " (" +
+                                 replicas_[r]->device_.str() + ") failed: " + e.what());
     } catch (...) {
       err = std::current_exception();
       replicas_[r]->comm_->abort("replica " + std::to_string(r) + " failed");
@@ -108,8 +128,10 @@ void ReplicaGroup::run(const std::function<void(Replica&)>& fn) {
   try {
     std::rethrow_exception(errors_[who]);
   } catch (const std::exception& e) {
-    throw ReplicaError(who, "replica " + std::to_string(who) + " (" + replicas_[who]->device_.str() +
-                                "): " + e.what());
+    const int global = replicas_[who]->rank_;
+    throw ReplicaError(global, "replica " + std::to_string(global) + " (" +
+                                   (processes_ > 1 ? "process " + std::to_string(process_rank_) + ", " : std::string()) +
+                                   replicas_[who]->device_.str() + "): " + e.what());
   }
 }
 

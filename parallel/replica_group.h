@@ -19,7 +19,8 @@ namespace replica::parallel {
 
 class Replica {
  public:
-  int rank() const { return rank_; }
+  int rank() const { return rank_; }            // global rank (over all processes)
+  int local_index() const { return local_; }     // index among this process's replicas
   int world() const { return comm_->size(); }
   const Device& device() const { return device_; }
   MemoryPool& pool() { return *pool_; }
@@ -37,7 +38,7 @@ class Replica {
 
  private:
   friend class ReplicaGroup;
-  int rank_ = 0;
+  int rank_ = 0, local_ = 0;
   Device device_;
   std::unique_ptr<MemoryPool> pool_;
   std::unique_ptr<Stream> stream_;
@@ -68,11 +69,18 @@ class ReplicaGroup {
   ReplicaGroup(const ReplicaGroup&) = delete;
   ReplicaGroup& operator=(const ReplicaGroup&) = delete;
 
+  // Replicas of this process (all of them unless launched by mpirun / srun).
   int size() const { return static_cast<int>(replicas_.size()); }
-  Replica& replica(int r) { return *replicas_[r]; }
+  Replica& replica(int local_index) { return *replicas_[local_index]; }
+  int world() const { return replicas_.front()->world(); }
+  int process_rank() const { return process_rank_; }
+  int processes() const { return processes_; }
+  // The process that holds global rank 0: it alone prints, logs and writes checkpoints.
+  bool lead_process() const { return process_rank_ == 0; }
 
-  // Runs fn(replica) on every replica thread and waits. Throws ReplicaError for the first
-  // replica that failed (failures caused only by that abort are not reported again).
+  // Runs fn(replica) on every replica thread of this process and waits. Throws ReplicaError for
+  // the first replica that failed (failures caused only by that abort are not reported again).
+  // Under MPI every process calls run() with the same function: collectives span all of them.
   void run(const std::function<void(Replica&)>& fn);
 
  private:
@@ -90,6 +98,8 @@ class ReplicaGroup {
   std::vector<std::exception_ptr> errors_;
   std::vector<int> error_order_;
   bool pin_ = true;
+  int process_rank_ = 0, processes_ = 1;
+  int node_slot_ = 0;  // this process's index among the job's processes on this node
 };
 
 }  // namespace replica::parallel

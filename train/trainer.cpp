@@ -71,7 +71,15 @@ PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {
 
 Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
   auto devices = parse_devices(cfg_.parallel.devices);
-  const int R = static_cast<int>(devices.size());
+  parallel::GroupOptions go;
+  go.cpu_pool = pool_options(cfg_.memory, DeviceKind::cpu);
+  go.cuda_pool = pool_options(cfg_.memory, DeviceKind::cuda);
+  go.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000));
+  // A replica with several intra-op threads must not be pinned to a single core.
+  go.pin_threads = cfg_.parallel.pin_threads && cfg_.parallel.intra_op_threads == 1;
+  group_ = std::make_unique<parallel::ReplicaGroup>(devices, go);
+  if (!group_->lead_process()) opts_.print = false;  // under MPI, global rank 0's process speaks
+  const int R = group_->world();  // all replicas of all processes
   const int64_t B = cfg_.train.global_batch;
   micro_ = cfg_.train.micro_batch ? cfg_.train.micro_batch : B / R;
   if (micro_ < 1 || B % (micro_ * R) != 0)
@@ -103,21 +111,13 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   for (double m : cfg_.optim.milestones) sched_.milestones.push_back(std::llround(m * spe));
   optim::validate(sched_);
 
-  parallel::GroupOptions go;
-  go.cpu_pool = pool_options(cfg_.memory, DeviceKind::cpu);
-  go.cuda_pool = pool_options(cfg_.memory, DeviceKind::cuda);
-  go.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000));
-  // A replica with several intra-op threads must not be pinned to a single core.
-  go.pin_threads = cfg_.parallel.pin_threads && cfg_.parallel.intra_op_threads == 1;
-  group_ = std::make_unique<parallel::ReplicaGroup>(devices, go);
-
   models::ResNetConfig mc{.arch = cfg_.model.arch, .in_channels = s[2], .num_classes = train_->classes(),
                           .height = s[0], .width = s[1], .base_width = cfg_.model.width,
                           .zero_init_residual = cfg_.model.zero_init_residual};
   const DType compute = parse_dtype(cfg_.train.precision);
-  states_.resize(R);
+  states_.resize(group_->size());
   group_->run([&](parallel::Replica& rep) {
-    auto& st = states_[rep.rank()];
+    auto& st = states_[rep.local_index()];
     if (rep.device().kind == DeviceKind::cpu) ops::set_intra_op_threads(cfg_.parallel.intra_op_threads);
     st.model = models::make_resnet(mc);
     st.model->materialize(rep.pool(), cfg_.train.seed, compute);
@@ -187,7 +187,10 @@ void bytes_into(const std::string& b, const Tensor& t, const std::string& what) 
 }  // namespace
 
 std::string Trainer::save_checkpoint(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch) {
-  rep.comm().barrier();  // every replica is between steps; rank 0 reads their state
+  // Every replica's batch-norm statistics, gathered to all (they live in other processes under MPI).
+  Tensor& mine = states_[rep.local_index()].model->buffers();
+  std::vector<float> all_buffers(static_cast<size_t>(mine.numel()) * rep.world());
+  rep.comm().all_gather(mine.raw(), all_buffers.data(), static_cast<size_t>(mine.numel()), DType::f32);
   std::string path;
   if (rep.rank() == 0) {
     auto& st = states_[0];
@@ -206,7 +209,10 @@ std::string Trainer::save_checkpoint(parallel::Replica& rep, int64_t global_step
                 {"optimizer_steps", std::to_string(st.opt->steps())},
                 {"seed", std::to_string(cfg_.train.seed)}});
     c.sections["params"] = tensor_bytes(st.model->params());
-    for (int r = 0; r < replicas(); ++r) c.sections["buffers." + std::to_string(r)] = tensor_bytes(states_[r].model->buffers());
+    const size_t nb = static_cast<size_t>(mine.numel());
+    for (int r = 0; r < replicas(); ++r)
+      c.sections["buffers." + std::to_string(r)] =
+          std::string(reinterpret_cast<const char*>(all_buffers.data() + r * nb), nb * sizeof(float));
     std::string opt;
     for (Tensor* t : st.opt->state()) opt += tensor_bytes(*t);
     c.sections["optimizer"] = opt;
@@ -257,7 +263,7 @@ void Trainer::load_resume_point() {
                       "; keep train.global_batch (the data position and the schedule depend on it)");
   const int old_world = std::stoi(ck.meta_value("world"));
   group_->run([&](parallel::Replica& rep) {
-    auto& st = states_[rep.rank()];
+    auto& st = states_[rep.local_index()];
     bytes_into(ck.sections.at("params"), st.model->params(), "params");
     Tensor& b = st.model->buffers();
     if (old_world == replicas() && ck.sections.count("buffers." + std::to_string(rep.rank()))) {
@@ -317,7 +323,7 @@ void Trainer::log_line(const std::string& json) {
 }
 
 EvalResult Trainer::evaluate_on(parallel::Replica& rep) {
-  auto& st = states_[rep.rank()];
+  auto& st = states_[rep.local_index()];
   // Batch-norm running statistics differ per replica (each saw its own shard): evaluate with
   // their average, the same on every replica.
   if (rep.world() > 1) rep.pmean(st.model->buffers().data<float>(), static_cast<size_t>(st.model->buffers().numel()));
@@ -358,13 +364,15 @@ FitResult Trainer::fit() {
   const int64_t epochs = (total_steps_ + spe - 1) / spe;
   const bool tty = opts_.print && isatty(STDOUT_FILENO);
   std::string run_dir = cfg_.train.run_dir;
-  std::filesystem::create_directories(run_dir);
-  write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
-  metrics_path_ = run_dir + "/metrics.jsonl";
-  // A resumed run appends to its metrics; a fresh one starts them anew.
-  if (resumed_from_.empty()) std::ofstream(metrics_path_, std::ios::trunc).close();
   std::unique_ptr<TensorBoardWriter> tb;
-  if (cfg_.train.tensorboard) tb = std::make_unique<TensorBoardWriter>(run_dir);
+  if (group_->lead_process()) {  // only global rank 0's process writes the run directory
+    std::filesystem::create_directories(run_dir);
+    write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
+    metrics_path_ = run_dir + "/metrics.jsonl";
+    // A resumed run appends to its metrics; a fresh one starts them anew.
+    if (resumed_from_.empty()) std::ofstream(metrics_path_, std::ios::trunc).close();
+    if (cfg_.train.tensorboard) tb = std::make_unique<TensorBoardWriter>(run_dir);
+  }
   if (opts_.print) {
     std::printf("replica: %s on %s (%d replica%s, %s), %s\n", states_[0].model->summary().c_str(),
                 cfg_.parallel.devices.c_str(), R, R > 1 ? "s" : "", group_->replica(0).pool().describe().c_str(),
@@ -387,7 +395,7 @@ FitResult Trainer::fit() {
   auto t_start = Clock::now();
   double train_seconds = 0;
   group_->run([&](parallel::Replica& rep) {
-    auto& st = states_[rep.rank()];
+    auto& st = states_[rep.local_index()];
     const bool lead = rep.rank() == 0;
     int64_t global_step = start_global_step_;
     int64_t last_saved = -1;
@@ -463,10 +471,11 @@ FitResult Trainer::fit() {
                << ",\"grad_norm\":" << json_num(status.grad_norm)
                << ",\"img_per_s\":" << json_num(ips) << ",\"data_wait_s\":" << json_num(st.loader->wait_seconds())
                << ",\"pool_in_use_mib\":[";
-            for (int r = 0; r < R; ++r)
+            // this process's replicas (all of them unless the run spans processes)
+            for (int r = 0; r < group_->size(); ++r)
               js << (r ? "," : "") << json_num(group_->replica(r).pool().stats().in_use / 1048576.0);
             js << "],\"pool_peak_mib\":[";
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < group_->size(); ++r)
               js << (r ? "," : "") << json_num(group_->replica(r).pool().stats().peak_in_use / 1048576.0);
             js << "]}";
             log_line(js.str());

@@ -51,8 +51,8 @@ class Trainer {
   EvalResult evaluate();  // after fit (or on freshly initialised / loaded weights)
 
   parallel::ReplicaGroup& group() { return *group_; }
-  nn::Model& model(int rank) { return *states_[rank].model; }
-  int replicas() const { return static_cast<int>(states_.size()); }
+  nn::Model& model(int local_index) { return *states_[local_index].model; }
+  int replicas() const { return group_->world(); }  // over all processes
   int accumulation() const { return accumulation_; }
   int64_t micro_batch() const { return micro_; }
   int64_t steps_per_epoch() const { return sharding_->steps_per_epoch(); }

@@ -1,0 +1,36 @@
+// MPI between processes (mpirun / srun), hierarchical inside each process: the local replicas
+// reduce through the shared-memory host communicator, one leader per process runs the MPI
+// collective, and the result is broadcast back to the local replicas. Global rank = process rank
+// x local replicas + local index. A failed replica, a failed peer or a collective that waits past
+// its time-out aborts the whole MPI job with a message naming the rank: nothing hangs.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace replica::parallel {
+
+// True when this process was started by an MPI launcher (OpenMPI's mpirun, PMI/PMIx: srun).
+bool launched_by_mpi();
+bool mpi_compiled();
+
+// This process's place in the MPI job (initialises MPI on first use; finalises at exit).
+struct MpiProcess {
+  int rank = 0, size = 1;
+};
+MpiProcess mpi_process();
+
+// Aborts the MPI job (all processes) after printing `why`; returns only when not under MPI.
+void abort_mpi_job(const std::string& why, int code = 1);
+
+struct MpiCommOptions {
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// The communicators of this process's `local` replicas (index i = local replica i).
+std::vector<std::unique_ptr<Communicator>> make_mpi_communicators(int local, MpiCommOptions opts = {});
+
+}  // namespace replica::parallel

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The mpi-labelled tests: collectives over 2 processes x 2 replicas; 2 processes x 1 replica train
+# to the same bits as 1 process x 2 replicas; a rank that throws takes the job down within 30 s
+# with a message naming it. OpenMPI as root needs --allow-run-as-root; --oversubscribe lets
+# 2 processes share a 2-core machine with their helper threads.
+#   tests/mpi/run_mpi_tests.sh BUILD_DIR
+set -euo pipefail
+build="$1"
+mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+echo "== collectives over MPI"
+"${mpirun[@]}" "$build/tests/test_mpi_collectives"
+
+echo "== 2 processes x 1 replica == 1 process x 2 replicas"
+common=(--set model.width=8 --set data.dataset=synthetic --set "data.synthetic_shape=[12,12,1]"
+        --set data.synthetic_size=1024 --set "data.mean=[0.5]" --set "data.std=[0.25]"
+        --set train.global_batch=32 --set train.max_steps=8 --set train.eval=false --set train.tensorboard=false)
+"$build/apps/replica" train --devices cpu:2 --run-dir "$work/one" "${common[@]}" > "$work/one.log"
+"${mpirun[@]}" "$build/apps/replica" train --devices cpu:1 --run-dir "$work/two" "${common[@]}" > "$work/two.log"
+if ! cmp "$work/one/model.bin" "$work/two/model.bin"; then
+  echo "FAIL: the MPI run's parameters differ from the in-process run's"; exit 1
+fi
+grep -q "2 replicas" "$work/two.log" || { echo "FAIL: the MPI run did not see 2 replicas"; cat "$work/two.log"; exit 1; }
+echo "identical model.bin (bit for bit)"
+
+echo "== a failing rank"
+start=$(date +%s)
+set +e
+timeout 60 "${mpirun[@]}" "$build/tests/test_mpi_collectives" --fail-rank 1 > "$work/fail.log" 2>&1
+rc=$?
+set -e
+elapsed=$(( $(date +%s) - start ))
+if [ "$rc" -eq 0 ]; then echo "FAIL: the job exited 0"; cat "$work/fail.log"; exit 1; fi
+if [ "$rc" -eq 124 ]; then echo "FAIL: the job hung"; cat "$work/fail.log"; exit 1; fi
+grep -q "global rank 1" "$work/fail.log" || { echo "FAIL: no message naming rank 1"; cat "$work/fail.log"; exit 1; }
+grep -q "planted failure" "$work/fail.log" || { echo "FAIL: the cause is not reported"; cat "$work/fail.log"; exit 1; }
+[ "$elapsed" -le 30 ] || { echo "FAIL: took ${elapsed} s"; exit 1; }
+echo "job died in ${elapsed} s with exit code $rc, naming global rank 1"

@@ -1,0 +1,99 @@
+// Collectives over MPI (label mpi): run under `mpirun -np 2` by tests/mpi/run_mpi_tests.sh, with
+// 2 CPU replicas per process, so every collective crosses both the in-process and the MPI level.
+// `--fail-rank N` instead makes global rank N throw mid-run (the script checks the job dies fast
+// with a message naming it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "core/errors.h"
+#include "parallel/mpi/mpi_communicator.h"
+#include "parallel/replica_group.h"
+
+using namespace replica;
+using namespace replica::parallel;
+
+namespace {
+int g_fail_rank = -1;
+float value(int rank, size_t i) { return std::sin(0.37f * static_cast<float>(i) + rank) * (rank + 1); }
+}  // namespace
+
+TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
+  if (!launched_by_mpi()) GTEST_SKIP() << "run under mpirun (tests/mpi/run_mpi_tests.sh)";
+  ReplicaGroup group(parse_devices("cpu:2"), {});
+  const int world = group.world();
+  ASSERT_EQ(world, 2 * group.processes());
+  for (size_t n : {size_t(1), size_t(7), size_t(1000003)}) {
+    group.run([&](Replica& rep) {
+      auto& c = rep.comm();
+      const int r = rep.rank();
+      // f32 sum / avg / max
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        std::vector<float> b(n);
+        for (size_t i = 0; i < n; ++i) b[i] = value(r, i);
+        c.all_reduce(b.data(), n, DType::f32, op);
+        for (size_t i = 0; i < n; i += std::max<size_t>(1, n / 53)) {
+          double want = op == ReduceOp::max ? -1e30 : 0;
+          for (int q = 0; q < world; ++q)
+            want = op == ReduceOp::max ? std::max<double>(want, value(q, i)) : want + value(q, i);
+          if (op == ReduceOp::avg) want /= world;
+          ASSERT_NEAR(b[i], want, 1e-4) << reduce_op_name(op) << " n=" << n << " i=" << i;
+        }
+      }
+      // f16 / bf16, summed in f32
+      for (DType dt : {DType::f16, DType::bf16}) {
+        std::vector<float> f(n, static_cast<float>(r + 1));
+        std::vector<uint16_t> h(n);
+        convert(f.data(), DType::f32, h.data(), dt, n);
+        c.all_reduce(h.data(), n, dt, ReduceOp::sum);
+        convert(h.data(), dt, f.data(), DType::f32, n);
+        ASSERT_EQ(f[n - 1], static_cast<float>(world * (world + 1) / 2)) << dtype_name(dt);
+      }
+      // broadcast from a rank in the other process
+      std::vector<float> b(n, static_cast<float>(r));
+      c.broadcast(b.data(), n, DType::f32, world - 1);
+      ASSERT_EQ(b[n / 2], static_cast<float>(world - 1));
+      // all_gather in global rank order
+      std::vector<float> mine(n, static_cast<float>(r)), all(n * world);
+      c.all_gather(mine.data(), all.data(), n, DType::f32);
+      for (int q = 0; q < world; ++q) ASSERT_EQ(all[q * n + n - 1], static_cast<float>(q));
+      // reduce_scatter
+      std::vector<float> send(n * world, 1.f), recv(n);
+      c.reduce_scatter(send.data(), recv.data(), n, DType::f32, ReduceOp::sum);
+      ASSERT_EQ(recv[0], static_cast<float>(world));
+      // async, several in flight
+      std::vector<std::vector<float>> bufs(4, std::vector<float>(n, 1.f));
+      std::vector<WorkHandle> ws;
+      for (auto& v : bufs) ws.push_back(c.all_reduce_async(v.data(), n, DType::f32, ReduceOp::sum));
+      for (auto& w : ws) w->wait();
+      ASSERT_EQ(bufs[3][0], static_cast<float>(world));
+      c.barrier();
+    });
+  }
+}
+
+TEST(Mpi, AFailingRankTakesTheJobDown) {
+  if (g_fail_rank < 0) GTEST_SKIP() << "only with --fail-rank N";
+  ReplicaGroup group(parse_devices("cpu:1"), {});
+  group.run([&](Replica& rep) {
+    for (int step = 0; step < 1000; ++step) {
+      if (rep.rank() == g_fail_rank && step == 3) throw std::runtime_error("planted failure at step 3");
+      float v = 1.f;
+      rep.psum(&v, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  FAIL() << "the job should have been aborted";
+}
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--fail-rank") g_fail_rank = std::atoi(argv[i + 1]);
+  if (g_fail_rank >= 0) ::testing::GTEST_FLAG(filter) = "Mpi.AFailingRankTakesTheJobDown";
+  else ::testing::GTEST_FLAG(filter) = "Mpi.EveryCollective*";
+  int rc = RUN_ALL_TESTS();
+  return rc;
+}
