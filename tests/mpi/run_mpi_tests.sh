@@ -2,11 +2,12 @@
 # The mpi-labelled tests: collectives over 2 processes x 2 replicas; 2 processes x 1 replica train
 # to the same bits as 1 process x 2 replicas; a rank that throws takes the job down within 30 s
 # with a message naming it. OpenMPI as root needs --allow-run-as-root; --oversubscribe lets
-# 2 processes share a 2-core machine with their helper threads.
+# 2 processes share a 2-core machine with their helper threads; single-copy (CMA) is off because
+# containers often forbid the ptrace it needs.
 #   tests/mpi/run_mpi_tests.sh BUILD_DIR
 set -euo pipefail
 build="$1"
-mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
+mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none -np 2)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
