@@ -43,8 +43,7 @@ DType parse_dtype(const std::string& s) {
   throw ConfigError("unknown dtype '" + s + "'; use fp32, fp16, bf16, i32 or u8");
 }
 
-namespace {
-float load(const void* p, DType t, size_t i) {
+float load_as_float(const void* p, DType t, size_t i) {
   switch (t) {
     case DType::f32: return static_cast<const float*>(p)[i];
     case DType::f16: return half_to_float(static_cast<const Half*>(p)[i]);
@@ -54,6 +53,8 @@ float load(const void* p, DType t, size_t i) {
   }
   return 0.f;
 }
+
+namespace {
 void store(void* p, DType t, size_t i, float v) {
   switch (t) {
     case DType::f32: static_cast<float*>(p)[i] = v; break;
@@ -106,7 +107,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     for (size_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
     return;
   }
-  for (size_t i = 0; i < n; ++i) store(dst, dt, i, load(src, st, i));
+  for (size_t i = 0; i < n; ++i) store(dst, dt, i, load_as_float(src, st, i));
 }
 
 }  // namespace replica

@@ -105,6 +105,9 @@ inline BFloat16 float_to_bf16(float f) {
 }
 inline float bf16_to_float(BFloat16 b) { return bits_float(static_cast<uint32_t>(b.bits) << 16); }
 
+// Element i of a buffer of dtype t, as a float.
+float load_as_float(const void* p, DType t, size_t i);
+
 // Converts n elements between any two dtypes (float types round to nearest even; ints truncate).
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
 

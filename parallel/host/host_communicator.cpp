@@ -43,17 +43,6 @@ struct Slot {
   int root = 0;
 };
 
-float load(const void* p, DType t, size_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f16: return half_to_float(static_cast<const Half*>(p)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const BFloat16*>(p)[i]);
-    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
-    case DType::u8: return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
-  }
-  return 0.f;
-}
-
 class WorkState : public Work {
  public:
   void wait() override {
@@ -281,10 +270,10 @@ class HostCommunicator : public Communicator {
           for (size_t i = 0; i < n; ++i) out[i] += sr[i];
       }
     } else {
-      for (size_t i = 0; i < n; ++i) out[i] = load(srcs[0], dt, lo + i);
+      for (size_t i = 0; i < n; ++i) out[i] = load_as_float(srcs[0], dt, lo + i);
       for (int r = 1; r < R; ++r)
         for (size_t i = 0; i < n; ++i) {
-          float v = load(srcs[r], dt, lo + i);
+          float v = load_as_float(srcs[r], dt, lo + i);
           out[i] = op == ReduceOp::max ? std::max(out[i], v) : out[i] + v;
         }
     }

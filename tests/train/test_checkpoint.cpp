@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "core/errors.h"
+#include "support/compare.h"
 #include "train/checkpoint.h"
 #include "train/signals.h"
 #include "train/tensorboard.h"

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "support/compare.h"
 #include "train/trainer.h"
 
 using namespace replica;
@@ -39,14 +40,6 @@ std::vector<float> train_params(std::vector<std::string> sets) {
   return std::vector<float>(p.data<float>(), p.data<float>() + p.numel());
 }
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, m = 1e-12;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
-    m = std::max(m, static_cast<double>(std::abs(b[i])));
-  }
-  return d / m;
-}
 
 }  // namespace
 
@@ -56,14 +49,14 @@ TEST(Equivalence, ReplicasMatchOneReplicaOnTheSameGlobalBatch) {
   for (int r : {2, 4}) {
     auto many = train_params(base_sets(r, dir));
     ASSERT_EQ(many.size(), one.size());
-    double d = max_rel_diff(many, one);
+    double d = replica::testing::max_rel_diff(many, one);
     EXPECT_LT(d, 2e-5) << r << " replicas vs 1";
     std::printf("%d replicas vs 1: max |diff| / max |param| = %.2e\n", r, d);
   }
   // And the comparison can fail: a different global batch gives different parameters.
   auto sets = base_sets(1, dir);
   sets.push_back("train.global_batch=16");
-  EXPECT_GT(max_rel_diff(train_params(sets), one), 1e-3);
+  EXPECT_GT(replica::testing::max_rel_diff(train_params(sets), one), 1e-3);
 }
 
 TEST(Equivalence, AccumulationOnOneReplicaMatchesReplicasWithTheSameMicroBatches) {
@@ -79,7 +72,7 @@ TEST(Equivalence, AccumulationOnOneReplicaMatchesReplicasWithTheSameMicroBatches
   spread.push_back("parallel.sync_bn=false");
   auto a = train_params(accumulated);
   auto s = train_params(spread);
-  double d = max_rel_diff(a, s);
+  double d = replica::testing::max_rel_diff(a, s);
   EXPECT_LT(d, 2e-5) << "4 accumulation steps on 1 replica vs 4 replicas, same micro-batches";
   std::printf("accumulation 4x8 on 1 replica vs 4 replicas x 8: %.2e\n", d);
 }

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "core/errors.h"
+#include "support/compare.h"
 #include "core/pools.h"
 #include "ops/models/resnet.h"
 #include "parallel/replica_group.h"
@@ -122,14 +123,6 @@ std::vector<float> trained(const std::vector<std::string>& sets) {
   t.fit();
   return copy_of(t.model(0).params());
 }
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, m = 1e-12;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
-    m = std::max(m, static_cast<double>(std::abs(b[i])));
-  }
-  return d / m;
-}
 }  // namespace
 
 TEST(Accumulation, MicroStepsEqualOneLargeBatchOnOneAndTwoReplicas) {
@@ -141,13 +134,13 @@ TEST(Accumulation, MicroStepsEqualOneLargeBatchOnOneAndTwoReplicas) {
   auto two_acc = trained(accum_sets(2, 4, dir));    // 2 replicas x 4 micro-steps
   auto two_big = trained(accum_sets(2, 16, dir));
   std::printf("accumulation vs one batch: 1 replica %.2e, 2 replicas %.2e, 2 replicas no accumulation %.2e\n",
-              rel_diff(one_acc, one_big), rel_diff(two_acc, one_big), rel_diff(two_big, one_big));
-  EXPECT_LT(rel_diff(one_acc, one_big), 1e-5);
-  EXPECT_LT(rel_diff(two_acc, one_big), 1e-5);
-  EXPECT_LT(rel_diff(two_big, one_big), 1e-5);
+              replica::testing::max_rel_diff(one_acc, one_big), replica::testing::max_rel_diff(two_acc, one_big), replica::testing::max_rel_diff(two_big, one_big));
+  EXPECT_LT(replica::testing::max_rel_diff(one_acc, one_big), 1e-5);
+  EXPECT_LT(replica::testing::max_rel_diff(two_acc, one_big), 1e-5);
+  EXPECT_LT(replica::testing::max_rel_diff(two_big, one_big), 1e-5);
   auto other = accum_sets(1, 8, dir);
   other.push_back("optim.lr=0.06");
-  EXPECT_GT(rel_diff(trained(other), one_big), 1e-4) << "the comparison can fail";
+  EXPECT_GT(replica::testing::max_rel_diff(trained(other), one_big), 1e-4) << "the comparison can fail";
 }
 
 TEST(Accumulation, GlobalBatchThatDoesNotDivideNamesTheNumbers) {
