@@ -12,6 +12,7 @@
 #include "core/pools.h"
 #include "parallel/mpi/mpi_communicator.h"
 #include "train/checkpoint.h"
+#include "train/memplan.h"
 #include "train/model_io.h"
 #include "train/signals.h"
 #include "train/trainer.h"
@@ -106,6 +107,8 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--checkpoint", checkpoint, "a checkpoint file, or RUN_DIR for its newest checkpoint");
   auto* dev_cmd = app.add_subcommand("devices", "list devices and the memory pool each would take");
   add_common(dev_cmd);
+  auto* plan_cmd = app.add_subcommand("memplan", "memory per replica by tag, whether it fits, the largest micro-batch");
+  add_common(plan_cmd);
 
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
   bench_cmd->require_subcommand(1);
@@ -156,6 +159,11 @@ int main(int argc, char** argv) {
     }
     if (*eval_cmd) return cmd_eval(config, sets, model_path, checkpoint);
     if (*dev_cmd) return cmd_devices(config, sets);
+    if (*plan_cmd) {
+      auto cfg = train::load_config(config, sets);
+      std::printf("%s", train::plan_memory(cfg).report().c_str());
+      return 0;
+    }
     if (*ar_cmd) {
       ar.min_bytes = apps::parse_size(min_s);
       ar.max_bytes = apps::parse_size(max_s);

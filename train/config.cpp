@@ -150,7 +150,9 @@ std::map<std::string, Section> schema(RunConfig& c) {
       {"train",
        {{"epochs", [&](auto& n, auto& l) { t.epochs = as_double(n, l, 1e-6, 1e6); }},
         {"global_batch", [&](auto& n, auto& l) { t.global_batch = as_int(n, l, 1, int64_t(1) << 30); }},
-        {"micro_batch", [&](auto& n, auto& l) { t.micro_batch = as_int(n, l, 0, int64_t(1) << 30); }},
+        {"micro_batch", [&](auto& n, auto& l) {
+          t.micro_batch = scalar(n, l) == "auto" ? -1 : as_int(n, l, 0, int64_t(1) << 30);
+        }},
         {"precision", [&](auto& n, auto& l) { t.precision = one_of(n, l, {"fp32", "fp16", "bf16"}); }},
         {"loss_scale", [&](auto& n, auto& l) {
           std::string v = scalar(n, l);
@@ -239,7 +241,7 @@ std::string emit(const RunConfig& c) {
     << YAML::Key << "limit_test" << YAML::Value << c.data.limit_test << YAML::EndMap;
   e << YAML::Key << "train" << YAML::Value << YAML::BeginMap << YAML::Key << "epochs" << YAML::Value << c.train.epochs
     << YAML::Key << "global_batch" << YAML::Value << c.train.global_batch << YAML::Key << "micro_batch" << YAML::Value
-    << c.train.micro_batch << YAML::Key << "precision" << YAML::Value << c.train.precision << YAML::Key
+    << (c.train.micro_batch < 0 ? std::string("auto") : std::to_string(c.train.micro_batch)) << YAML::Key << "precision" << YAML::Value << c.train.precision << YAML::Key
     << "loss_scale" << YAML::Value << c.train.loss_scale << YAML::Key << "loss_scale_init" << YAML::Value
     << c.train.loss_scale_init << YAML::Key << "loss_scale_growth_interval" << YAML::Value
     << c.train.loss_scale_growth_interval << YAML::Key << "loss_scale_min" << YAML::Value << c.train.loss_scale_min

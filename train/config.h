@@ -32,7 +32,7 @@ struct DataConfig {
 struct TrainConfig {
   double epochs = 3;
   int64_t global_batch = 128;
-  int64_t micro_batch = 0;  // 0: global_batch / replicas (no accumulation)
+  int64_t micro_batch = 0;  // 0: global_batch / replicas (no accumulation); -1: auto (the planner picks)
   std::string precision = "fp32";    // fp32 | fp16 | bf16 (16-bit activations, f32 master weights)
   std::string loss_scale = "auto";   // auto (dynamic for fp16, off otherwise) | dynamic | off | a number (static)
   double loss_scale_init = 65536;

@@ -19,6 +19,7 @@
 #include "ops/cpu/threads.h"
 #include "ops/models/resnet.h"
 #include "train/checkpoint.h"
+#include "train/memplan.h"
 #include "train/model_io.h"
 #include "train/signals.h"
 #include "train/tensorboard.h"
@@ -81,6 +82,17 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   if (!group_->lead_process()) opts_.print = false;  // under MPI, global rank 0's process speaks
   const int R = group_->world();  // all replicas of all processes
   const int64_t B = cfg_.train.global_batch;
+  if (cfg_.train.micro_batch < 0) {  // auto: the largest micro-batch the pool holds
+    MemPlan plan = plan_memory(cfg_);
+    if (!plan.best_micro_batch)
+      throw ConfigError("train.micro_batch: auto: not even a micro-batch of 1 fits in the pool (" + plan.pool +
+                        "); use fp16/bf16, a smaller model or a larger memory.fraction");
+    cfg_.train.micro_batch = plan.best_micro_batch;
+    if (opts_.print)
+      std::printf("replica: micro_batch auto: %ld fits (largest %ld; predicted peak %.1f MiB of %s), %d accumulation step(s)\n",
+                  (long)plan.best_micro_batch, (long)plan.max_micro_batch,
+                  plan_memory(cfg_, plan.best_micro_batch).peak_bytes / 1048576.0, plan.pool.c_str(), plan.accumulation);
+  }
   micro_ = cfg_.train.micro_batch ? cfg_.train.micro_batch : B / R;
   if (micro_ < 1 || B % (micro_ * R) != 0)
     throw ConfigError("train.global_batch " + std::to_string(B) + " is not micro_batch " + std::to_string(micro_) +

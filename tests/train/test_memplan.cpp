@@ -1,0 +1,51 @@
+// The planner's prediction against the measured peak of real training steps (within 5%), and
+// micro_batch: auto picking a batch that fits a small pool.
+#include <gtest/gtest.h>
+
+#include "train/memplan.h"
+#include "train/trainer.h"
+
+using namespace replica;
+using namespace replica::train;
+
+namespace {
+std::vector<std::string> sets(const std::string& precision, const std::string& micro, const std::string& extra = "") {
+  std::vector<std::string> s = {"data.dataset=synthetic", "data.synthetic_size=512", "data.mean=[0.5]", "data.std=[0.25]",
+                                "train.global_batch=64", "train.micro_batch=" + micro, "train.max_steps=3",
+                                "train.eval=false", "train.tensorboard=false", "checkpoint.every_epochs=0",
+                                "train.run_dir=" + ::testing::TempDir() + "/memplan", "parallel.devices=cpu:1",
+                                "train.precision=" + precision};
+  if (!extra.empty()) s.push_back(extra);
+  return s;
+}
+}  // namespace
+
+TEST(MemPlan, PredictsTheMeasuredPeakWithinFivePercent) {
+  for (std::string precision : {"fp32", "fp16"}) {
+    auto cfg = parse_config("", "test", sets(precision, "64"));
+    MemPlan plan = plan_memory(cfg);
+    Trainer t(cfg, {.print = false, .on_step = nullptr});
+    t.fit();
+    const double measured = static_cast<double>(t.group().replica(0).pool().stats().peak_in_use);
+    std::printf("%s ResNet-20 micro-batch 64: predicted %.2f MiB, measured %.2f MiB (%+.2f%%)\n", precision.c_str(),
+                plan.peak_bytes / 1048576.0, measured / 1048576.0, 100.0 * (plan.peak_bytes - measured) / measured);
+    EXPECT_NEAR(plan.peak_bytes, measured, 0.05 * measured) << precision;
+    EXPECT_TRUE(plan.fits);
+  }
+}
+
+TEST(MemPlan, AutoMicroBatchFitsASmallPool) {
+  // 40 MiB holds ResNet-20 with micro-batch 32 but not 64 (about 78 MiB)
+  auto cfg = parse_config("", "test", sets("fp32", "auto", "memory.bytes=40MiB"));
+  MemPlan plan = plan_memory(cfg, 64);
+  EXPECT_FALSE(plan.fits);
+  EXPECT_GE(plan.max_micro_batch, 16);
+  EXPECT_LT(plan.max_micro_batch, 64);
+  EXPECT_NE(plan.report().find("does NOT fit"), std::string::npos);
+  Trainer t(cfg, {.print = false, .on_step = nullptr});
+  EXPECT_EQ(t.micro_batch() * t.accumulation(), 64);
+  EXPECT_LT(t.micro_batch(), 64);
+  auto r = t.fit();  // and it trains in that pool
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_LE(t.group().replica(0).pool().stats().peak_reserved, size_t(40) << 20);
+}

@@ -1,0 +1,153 @@
+// Memory planner: two measured steps and a linear fit per tag.
+#include "train/memplan.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/pools.h"
+#include "ops/models/resnet.h"
+#include "optim/optimizer.h"
+#include "train/trainer.h"
+
+namespace replica::train {
+
+namespace {
+
+struct Measured {
+  std::array<double, kNumTags> tags{};
+  double peak = 0, reserved = 0;
+};
+
+Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int64_t b) {
+  PoolOptions po;
+  po.mode = AllocatorMode::growth;
+  auto pool = make_pool({DeviceKind::cpu, 0}, po);
+  const DType dt = parse_dtype(cfg.train.precision);
+  auto model = models::make_resnet({.arch = cfg.model.arch, .in_channels = sample[2], .num_classes = classes,
+                                    .height = sample[0], .width = sample[1], .base_width = cfg.model.width});
+  model->materialize(*pool, 0, dt);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (cfg.optim.name == "adamw")
+    opt = std::make_unique<optim::AdamW>(model->registry(), model->num_params(), *pool, optim::AdamWOptions{});
+  else if (cfg.optim.name == "lars")
+    opt = std::make_unique<optim::Lars>(model->registry(), model->num_params(), *pool, optim::LarsOptions{});
+  else
+    opt = std::make_unique<optim::Sgd>(model->registry(), model->num_params(), *pool, optim::SgdOptions{});
+  Tensor comm;
+  if (cfg.parallel.grad_dtype != "fp32")
+    comm = Tensor::empty(*pool, model->grads().shape(), parse_dtype(cfg.parallel.grad_dtype), MemTag::comm);
+  Tensor x = Tensor::zeros(*pool, {b, sample[0], sample[1], sample[2]}, DType::f32, MemTag::other);
+  Tensor y = Tensor::zeros(*pool, {b}, DType::i32, MemTag::other);
+  pool->reset_peaks();
+  auto& be = ops::backend_for(pool->device());
+  {
+    nn::Context ctx(*pool, be, true);
+    ctx.act_dtype = dt;
+    ctx.bn_frozen = cfg.model.freeze_bn;
+    Tensor logits = model->forward(ctx, x);
+    Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);
+    be.softmax_xent_forward(logits, y, probs);
+    Tensor d = ctx.alloc(logits.shape());
+    be.softmax_xent_backward(probs, y, 1.f / b, d);
+    logits = Tensor();
+    probs = Tensor();
+    model->backward(ctx, d);
+  }
+  opt->step(model->params(), model->grads(), 0.f);
+  auto s = pool->stats();
+  Measured m;
+  for (int t = 0; t < kNumTags; ++t) m.tags[t] = static_cast<double>(s.tags[t].peak_in_use);
+  m.tags[static_cast<int>(MemTag::other)] = 0;  // the measurement's own input batch; counted below
+  m.peak = static_cast<double>(s.peak_in_use) - static_cast<double>(x.nbytes() + y.nbytes());
+  m.reserved = static_cast<double>(s.peak_reserved);
+  return m;
+}
+
+}  // namespace
+
+MemPlan plan_memory(const RunConfig& cfg, int64_t micro) {
+  auto devices = parse_devices(cfg.parallel.devices);
+  const int R = static_cast<int>(devices.size());
+  auto ds = make_dataset(cfg.data, "test");  // shape and classes only
+  const Shape sample = ds->sample_shape();
+  const int64_t classes = ds->classes();
+  if (micro <= 0) micro = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : std::max<int64_t>(1, cfg.train.global_batch / R);
+  // Two small sizes: above the batch where convolution chunks stop growing for small images.
+  const int64_t b1 = std::min<int64_t>(micro, 8), b2 = 2 * b1;
+  Measured m1 = measure(cfg, sample, classes, b1), m2 = measure(cfg, sample, classes, b2);
+  auto at = [&](double v1, double v2, double b) { return v1 + (v2 - v1) / static_cast<double>(b2 - b1) * (b - b1); };
+  const double input_per_sample = static_cast<double>(sample.numel() * 4 + 4);
+  const int prefetch = cfg.data.prefetch;
+
+  MemPlan p;
+  p.micro_batch = micro;
+  p.replicas = R;
+  for (int t = 0; t < kNumTags; ++t) p.tag_bytes[t] = at(m1.tags[t], m2.tags[t], static_cast<double>(micro));
+  p.inputs_bytes = input_per_sample * micro * (prefetch + 1);
+  auto peak_at = [&](double b) { return at(m1.peak, m2.peak, b) + input_per_sample * b * (prefetch + 1); };
+  p.peak_bytes = peak_at(static_cast<double>(micro));
+  p.overhead_bytes = std::max(0.0, at(m1.reserved - m1.peak, m2.reserved - m2.peak, static_cast<double>(micro)));
+
+  PoolOptions po = default_pool_options(devices[0].kind);
+  if (cfg.memory.mode) po.mode = parse_allocator_mode(*cfg.memory.mode, "memory.mode");
+  if (cfg.memory.fraction) po.fraction = *cfg.memory.fraction;
+  if (cfg.memory.bytes) po.bytes = *cfg.memory.bytes;
+  size_t total = devices[0].kind == DeviceKind::cpu ? host_physical_memory() : cuda_devices().at(devices[0].index).total_memory;
+  p.capacity = po.bytes ? po.bytes : static_cast<size_t>(static_cast<double>(total) * po.fraction);
+  std::ostringstream pd;
+  pd << allocator_mode_name(po.mode) << " " << format_bytes(p.capacity) << " on " << devices[0].str();
+  p.pool = pd.str();
+  // A growing pool is limited in what it reserves, regions included; the others in what is in use.
+  if (po.mode != AllocatorMode::growth) p.overhead_bytes = 0;
+  p.fits = p.peak_bytes + p.overhead_bytes <= static_cast<double>(p.capacity);
+  // Largest micro-batch under the capacity (linear, so solve it), then the largest that divides.
+  const double per = peak_at(2) - peak_at(1), base = peak_at(0);
+  p.max_micro_batch = per > 0 ? static_cast<int64_t>(std::floor((static_cast<double>(p.capacity) - base) / per)) : micro;
+  p.max_micro_batch = std::max<int64_t>(0, p.max_micro_batch);
+  const int64_t per_replica = cfg.train.global_batch / R;
+  for (int64_t b = std::min(p.max_micro_batch, per_replica); b >= 1; --b)
+    if (per_replica % b == 0 && cfg.train.global_batch % R == 0) {
+      p.best_micro_batch = b;
+      p.accumulation = static_cast<int>(per_replica / b);
+      break;
+    }
+  return p;
+}
+
+std::string MemPlan::report() const {
+  std::ostringstream os;
+  auto mib = [](double b) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%10.1f MiB", b / 1048576.0);
+    return std::string(s);
+  };
+  os << "per replica (" << replicas << " replica" << (replicas > 1 ? "s" : "") << "), micro-batch " << micro_batch << ":\n";
+  for (int t = 0; t < kNumTags; ++t) {
+    if (static_cast<MemTag>(t) == MemTag::other) continue;
+    os << "  " << mem_tag_name(static_cast<MemTag>(t)) << std::string(12 - std::string(mem_tag_name(static_cast<MemTag>(t))).size(), ' ')
+       << mib(tag_bytes[t]) << " (peak)\n";
+  }
+  os << "  inputs      " << mib(inputs_bytes) << " (current + prefetched batches)\n";
+  if (overhead_bytes > 0) os << "  pool slack  " << mib(overhead_bytes) << " (growth regions reserved beyond in use)\n";
+  os << "  peak        " << mib(peak_bytes) << " in use at once (tags peak at different moments)\n";
+  os << "pool: " << pool << "\n";
+  if (fits) {
+    char s[128];
+    std::snprintf(s, sizeof s, "verdict: fits, %.1f%% of the pool, %s to spare\n", 100.0 * peak_bytes / capacity,
+                  format_bytes(static_cast<size_t>(capacity - peak_bytes)).c_str());
+    os << s;
+  } else {
+    os << "verdict: does NOT fit: " << format_bytes(static_cast<size_t>(peak_bytes - capacity)) << " over\n";
+  }
+  os << "largest micro-batch that fits: " << max_micro_batch;
+  if (best_micro_batch)
+    os << "; use micro_batch " << best_micro_batch << " with " << accumulation
+       << " accumulation step(s) to keep the global batch";
+  else
+    os << "; not even 1 fits: lower the model size, use fp16/bf16, or a larger memory.fraction";
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace replica::train
