@@ -5,6 +5,7 @@
 //  2. A preallocated pool sized for micro-batch 32: global batch 128 in one go runs out of memory,
 //     and the same global batch trains as 4 accumulation steps of 32.
 //   replica_bench_memory
+#include <chrono>
 #include <cstdio>
 #include <map>
 
@@ -20,9 +21,10 @@ namespace {
 
 struct Peak {
   size_t total = 0, activations = 0;
+  double seconds = 0;  // of the last of `reps` steps' forward + backward + update
 };
 
-Peak one_step(const models::ResNetConfig& mc, int64_t batch, DType dt) {
+Peak one_step(const models::ResNetConfig& mc, int64_t batch, DType dt, int reps = 1) {
   PoolOptions po;
   po.mode = AllocatorMode::growth;
   auto pool = make_pool({DeviceKind::cpu, 0}, po);
@@ -31,8 +33,11 @@ Peak one_step(const models::ResNetConfig& mc, int64_t batch, DType dt) {
   optim::Sgd sgd(model->registry(), model->num_params(), *pool, {});
   Tensor x = Tensor::zeros(*pool, {batch, mc.height, mc.width, mc.in_channels}, DType::f32, MemTag::activations);
   Tensor y = Tensor::zeros(*pool, {batch}, DType::i32, MemTag::activations);
-  pool->reset_peaks();
   auto& be = ops::backend_for(pool->device());
+  Peak out;
+  for (int rep = 0; rep < reps; ++rep) {
+  pool->reset_peaks();
+  auto t0 = std::chrono::steady_clock::now();
   {
     nn::Context ctx(*pool, be, true);
     ctx.act_dtype = dt;
@@ -46,8 +51,12 @@ Peak one_step(const models::ResNetConfig& mc, int64_t batch, DType dt) {
   }
   sgd.step(model->params(), model->grads(), 0.1f);
   model->refresh_compute_copy();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto s = pool->stats();
-  return {s.peak_in_use, s.tags[static_cast<int>(MemTag::activations)].peak_in_use};
+  out.total = s.peak_in_use;
+  out.activations = s.tags[static_cast<int>(MemTag::activations)].peak_in_use;
+  }
+  return out;
 }
 
 }  // namespace
@@ -72,6 +81,18 @@ int main() {
                   p.activations / 1048576.0, p.activations / base);
       std::fflush(stdout);
     }
+  }
+
+  std::printf("\n# gradient checkpointing (model.checkpoint: blocks), ResNet-50 224x224x3 batch 8, fp32, 1 thread\n");
+  {
+    models::ResNetConfig mc{.arch = "resnet50", .in_channels = 3, .num_classes = 1000, .height = 224, .width = 224};
+    Peak none = one_step(mc, 8, DType::f32, 3);
+    mc.checkpoint_every = 1;
+    Peak blocks = one_step(mc, 8, DType::f32, 3);
+    std::printf("  none:   activations %8.1f MiB, step %.2f s\n", none.activations / 1048576.0, none.seconds);
+    std::printf("  blocks: activations %8.1f MiB, step %.2f s  ->  %.2fx the memory at %.2fx the time\n",
+                blocks.activations / 1048576.0, blocks.seconds, double(blocks.activations) / none.activations,
+                blocks.seconds / none.seconds);
   }
 
   std::printf("\n# fixed pool: global batch 128 of ResNet-20 on one replica, synthetic 28x28x1 data\n");

@@ -123,7 +123,18 @@ std::map<std::string, Section> schema(RunConfig& c) {
         }},
         {"width", [&](auto& n, auto& l) { m.width = as_int(n, l, 0, 4096); }},
         {"zero_init_residual", [&](auto& n, auto& l) { m.zero_init_residual = as_bool(n, l); }},
-        {"freeze_bn", [&](auto& n, auto& l) { m.freeze_bn = as_bool(n, l); }}}},
+        {"freeze_bn", [&](auto& n, auto& l) { m.freeze_bn = as_bool(n, l); }},
+        {"checkpoint", [&](auto& n, auto& l) {
+          std::string v = scalar(n, l);
+          if (v == "none") m.checkpoint_every = 0;
+          else if (v == "blocks") m.checkpoint_every = 1;
+          else if (v.rfind("every:", 0) == 0) {
+            YAML::Node num(v.substr(6));
+            m.checkpoint_every = static_cast<int>(as_int(num, l, 1, 1000000));
+          } else {
+            fail(l, "'" + v + "' is not a checkpointing choice; use none, blocks or every:N");
+          }
+        }}}},
       {"data",
        {{"dataset", [&](auto& n, auto& l) { d.dataset = one_of(n, l, {"fashion-mnist", "mnist", "cifar10", "synthetic"}); }},
         {"path", [&](auto& n, auto& l) { d.path = scalar(n, l); }},
@@ -230,7 +241,11 @@ std::string emit(const RunConfig& c) {
   e << YAML::BeginMap;
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "arch" << YAML::Value << c.model.arch
     << YAML::Key << "width" << YAML::Value << c.model.width << YAML::Key << "zero_init_residual" << YAML::Value
-    << c.model.zero_init_residual << YAML::Key << "freeze_bn" << YAML::Value << c.model.freeze_bn << YAML::EndMap;
+    << c.model.zero_init_residual << YAML::Key << "freeze_bn" << YAML::Value << c.model.freeze_bn << YAML::Key << "checkpoint" << YAML::Value
+    << (c.model.checkpoint_every == 0 ? std::string("none")
+                                      : c.model.checkpoint_every == 1 ? std::string("blocks")
+                                                                      : "every:" + std::to_string(c.model.checkpoint_every))
+    << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dataset" << YAML::Value << c.data.dataset
     << YAML::Key << "path" << YAML::Value << c.data.path << YAML::Key << "pad_crop" << YAML::Value << c.data.pad_crop
     << YAML::Key << "hflip" << YAML::Value << c.data.hflip << YAML::Key << "mean" << YAML::Value << YAML::Flow

@@ -13,6 +13,7 @@ struct ModelConfig {
   int64_t width = 0;  // 0: the architecture's default
   bool zero_init_residual = false;
   bool freeze_bn = false;  // batch norm uses (and keeps) its running statistics while training
+  int checkpoint_every = 0;  // model.checkpoint: none (0) | blocks (1) | every:N
 };
 
 struct DataConfig {

@@ -25,7 +25,8 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
   auto pool = make_pool({DeviceKind::cpu, 0}, po);
   const DType dt = parse_dtype(cfg.train.precision);
   auto model = models::make_resnet({.arch = cfg.model.arch, .in_channels = sample[2], .num_classes = classes,
-                                    .height = sample[0], .width = sample[1], .base_width = cfg.model.width});
+                                    .height = sample[0], .width = sample[1], .base_width = cfg.model.width,
+                                    .checkpoint_every = cfg.model.checkpoint_every});
   model->materialize(*pool, 0, dt);
   std::unique_ptr<optim::Optimizer> opt;
   if (cfg.optim.name == "adamw")

@@ -125,7 +125,8 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
 
   models::ResNetConfig mc{.arch = cfg_.model.arch, .in_channels = s[2], .num_classes = train_->classes(),
                           .height = s[0], .width = s[1], .base_width = cfg_.model.width,
-                          .zero_init_residual = cfg_.model.zero_init_residual};
+                          .zero_init_residual = cfg_.model.zero_init_residual,
+                          .checkpoint_every = cfg_.model.checkpoint_every};
   const DType compute = parse_dtype(cfg_.train.precision);
   states_.resize(group_->size());
   group_->run([&](parallel::Replica& rep) {

@@ -109,6 +109,12 @@ std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
       }
     }
   }
+  if (cfg.checkpoint_every > 0) {
+    int index = 0;
+    for (size_t i = 0; i < root->size(); ++i)
+      if (auto* block = dynamic_cast<nn::Residual*>(&root->at(i)))
+        block->set_recompute(index++ % cfg.checkpoint_every == 0);
+  }
   root->emplace<nn::GlobalAvgPool>("pool");
   root->emplace<nn::Linear>("fc", c, cfg.num_classes);
   return std::make_unique<nn::Model>(cfg.arch, std::move(root),

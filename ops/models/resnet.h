@@ -16,6 +16,7 @@ struct ResNetConfig {
   int64_t height = 28, width = 28;
   int64_t base_width = 0;          // 0: the architecture's default (16 CIFAR, 64 ImageNet)
   bool zero_init_residual = false; // last BN gamma of each block starts at 0
+  int checkpoint_every = 0;        // gradient checkpointing: 0 none, 1 every block, N every N-th
 };
 
 std::vector<std::string> resnet_archs();

@@ -34,6 +34,20 @@ class Context {
   // Batch norm uses its running statistics in training too ("frozen" BN: fine-tuning, and the
   // accumulation-equivalence tests); nothing updates them.
   bool bn_frozen = false;
+  // Set while a checkpointed block re-runs its forward inside backward: batch norm must not
+  // update its running statistics a second time.
+  bool recomputing = false;
+
+  // A context for a forward pass whose saved tensors are dropped at once (gradient
+  // checkpointing): same pool, backend and settings, its own saved-tensor map.
+  Context child() const {
+    Context c(pool_, backend_, training_);
+    c.act_dtype = act_dtype;
+    c.bn_frozen = bn_frozen;
+    c.recomputing = recomputing;
+    c.bn_allreduce = bn_allreduce;
+    return c;
+  }
 
   // What `layer` keeps for its backward; released by `release(layer)` or `clear()`.
   std::vector<Tensor>& saved(const Layer* layer) { return saved_[layer]; }

@@ -155,9 +155,15 @@ class Residual : public Layer {
   Shape output_shape(const Shape& in) const override;
   void visit(const std::function<void(Layer&)>& fn) override;
   Sequential& main() { return *main_; }
+  // Gradient checkpointing: keep only the block's input after forward and recompute the inside
+  // during backward (bit-identical gradients, activation memory of one block at a time).
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
 
  private:
+  Tensor forward_impl(Context& ctx, const Tensor& x);
   std::unique_ptr<Sequential> main_, shortcut_;
+  bool recompute_ = false;
 };
 
 }  // namespace replica::nn

@@ -117,8 +117,9 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
   }
   Tensor mean = ctx.alloc({c_}, MemTag::activations, DType::f32);
   Tensor invstd = ctx.alloc({c_}, MemTag::activations, DType::f32);
+  // A recomputation (gradient checkpointing) must not move the running statistics again.
   ctx.backend().batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var,
-                                        momentum_, eps_, ctx.bn_allreduce);
+                                        ctx.recomputing ? 0.f : momentum_, eps_, ctx.bn_allreduce);
   ctx.saved(this) = {x, mean, invstd};
   return y;
 }
@@ -281,6 +282,16 @@ Residual::Residual(std::string name, std::unique_ptr<Sequential> main, std::uniq
     : Layer(std::move(name)), main_(std::move(main)), shortcut_(std::move(shortcut)) {}
 
 Tensor Residual::forward(Context& ctx, const Tensor& x) {
+  if (recompute_ && ctx.training() && !ctx.recomputing) {
+    Context scratch = ctx.child();  // what the inside saves dies with it
+    Tensor y = forward_impl(scratch, x);
+    ctx.saved(this) = {x};
+    return y;
+  }
+  return forward_impl(ctx, x);
+}
+
+Tensor Residual::forward_impl(Context& ctx, const Tensor& x) {
   Tensor a = main_->forward(ctx, x);
   Tensor b = shortcut_ ? shortcut_->forward(ctx, x) : x;
   if (a.shape() != b.shape())
@@ -294,6 +305,13 @@ Tensor Residual::forward(Context& ctx, const Tensor& x) {
 }
 
 Tensor Residual::backward(Context& ctx, const Tensor& dy) {
+  if (recompute_) {
+    Tensor x = ctx.saved(this).at(0);
+    ctx.release(this);
+    ctx.recomputing = true;
+    forward_impl(ctx, x);  // saves what backward needs, as an uncheckpointed forward would
+    ctx.recomputing = false;
+  }
   Tensor y = ctx.saved(this).at(0);
   ctx.release(this);
   ctx.backend().relu_backward(y, dy, dy);
