@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "core/alloc_trace.h"
@@ -32,7 +33,7 @@ AllocatorMode parse_allocator_mode(const std::string& s, const std::string& what
 }
 
 const char* mem_tag_name(MemTag t) {
-  static const char* names[] = {"params", "grads", "optimizer", "activations", "workspace", "comm", "other"};
+  static const char* names[] = {"params", "grads", "optimizer", "activations", "workspace", "comm", "data", "other"};
   return names[static_cast<int>(t)];
 }
 
@@ -251,6 +252,7 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
     b->free = false;
     b->tag = tag;
     b->requested = bytes;
+    b->site = AllocationSite::current();
     live_.insert(p, b);
     st_.reserved += rounded;
     st_.peak_reserved = std::max(st_.peak_reserved, st_.reserved);
@@ -277,6 +279,7 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
   b->free = false;
   b->tag = tag;
   b->requested = bytes;
+  b->site = AllocationSite::current();
   live_.insert(b->ptr, b);
   on_alloc(b->size, bytes, tag, b->ptr);
   return b->ptr;
@@ -387,6 +390,24 @@ size_t MemoryPool::release_unused() {
     }
   }
   return released;
+}
+
+namespace {
+thread_local const char* tl_site = nullptr;
+}
+AllocationSite::AllocationSite(const char* name) : previous_(tl_site) { tl_site = name; }
+AllocationSite::~AllocationSite() { tl_site = previous_; }
+const char* AllocationSite::current() { return tl_site; }
+
+std::vector<std::pair<std::string, size_t>> MemoryPool::live_by_site(MemTag tag) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, size_t> by;
+  live_.for_each([&](const void*, Block* b) {
+    if (b->tag == tag) by[b->site ? b->site : "(unnamed)"] += b->size;
+  });
+  std::vector<std::pair<std::string, size_t>> out(by.begin(), by.end());
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.second > b.second; });
+  return out;
 }
 
 std::string MemoryPool::describe() const {

@@ -22,9 +22,10 @@ enum class AllocatorMode { preallocate, growth, platform };
 const char* allocator_mode_name(AllocatorMode m);
 AllocatorMode parse_allocator_mode(const std::string& s, const std::string& what);
 
-// What an allocation is for; stats are split by it.
-enum class MemTag : uint8_t { params, grads, optimizer, activations, workspace, comm, other };
-constexpr int kNumTags = 7;
+// What an allocation is for; stats are split by it. `data` is the loader's input batches (their
+// number in flight depends on prefetch timing, so they are kept apart from activations).
+enum class MemTag : uint8_t { params, grads, optimizer, activations, workspace, comm, data, other };
+constexpr int kNumTags = 8;
 const char* mem_tag_name(MemTag t);
 
 // Where a pool's memory comes from (rmm's "upstream resource").
@@ -130,6 +131,9 @@ class MemoryPool {
   void set_trace(AllocTrace* trace);
   void set_step(int64_t step);
 
+  // Live bytes of `tag` grouped by the site that allocated them (see AllocationSite).
+  std::vector<std::pair<std::string, size_t>> live_by_site(MemTag tag) const;
+
   // Frees regions that are entirely unused (growth mode); returns the bytes released.
   size_t release_unused();
 
@@ -147,6 +151,7 @@ class MemoryPool {
     Block* next = nullptr;
     MemTag tag = MemTag::other;
     size_t requested = 0;
+    const char* site = nullptr;  // the layer (or phase) that allocated it, for leak reports
   };
   struct BySize {
     bool operator()(const Block* a, const Block* b) const {
@@ -190,5 +195,18 @@ class MemoryPool {
 };
 
 std::string format_bytes(size_t bytes);
+
+// Names what the calling thread is allocating for while it lives (layers set their name during
+// forward and backward); allocations record it, leak reports print it. The name must outlive
+// the allocations (layer names do).
+class AllocationSite {
+ public:
+  explicit AllocationSite(const char* name);
+  ~AllocationSite();
+  static const char* current();
+
+ private:
+  const char* previous_;
+};
 
 }  // namespace replica

@@ -131,8 +131,8 @@ void ReplicaLoader::produce(int64_t epoch, int64_t first_step) {
         auto idx = sh_.indices(epoch, step, rank_, micro);
         const int64_t n = static_cast<int64_t>(idx.size());
         Batch b;
-        b.images = Tensor::empty(pool_, {n, s[0], s[1], s[2]}, DType::f32, MemTag::activations);
-        b.labels = Tensor::empty(pool_, {n}, DType::i32, MemTag::activations);
+        b.images = Tensor::empty(pool_, {n, s[0], s[1], s[2]}, DType::f32, MemTag::data);
+        b.labels = Tensor::empty(pool_, {n}, DType::i32, MemTag::data);
         b.epoch = epoch;
         b.step = step;
         b.micro = micro;

@@ -125,7 +125,7 @@ std::string MemPlan::report() const {
   };
   os << "per replica (" << replicas << " replica" << (replicas > 1 ? "s" : "") << "), micro-batch " << micro_batch << ":\n";
   for (int t = 0; t < kNumTags; ++t) {
-    if (static_cast<MemTag>(t) == MemTag::other) continue;
+    if (static_cast<MemTag>(t) == MemTag::other || static_cast<MemTag>(t) == MemTag::data) continue;
     os << "  " << mem_tag_name(static_cast<MemTag>(t)) << std::string(12 - std::string(mem_tag_name(static_cast<MemTag>(t))).size(), ' ')
        << mib(tag_bytes[t]) << " (peak)\n";
   }

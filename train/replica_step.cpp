@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "core/log.h"
 
 namespace replica::train {
 
@@ -69,6 +70,7 @@ StepStatus ReplicaStep::apply(float lr) {
       st.applied = false;
       st.step = opt_.steps();
       st.grad_norm = std::nan("");
+      check_leaks();
       return st;
     }
   } else if (!std::isfinite(st.loss) || !finite) {
@@ -81,7 +83,34 @@ StepStatus ReplicaStep::apply(float lr) {
                                        : std::sqrt(be.sum_squares(model_.grads()));
   opt_.step(model_.params(), model_.grads(), lr);
   model_.refresh_compute_copy();
+  check_leaks();
   return st;
+}
+
+void ReplicaStep::check_leaks() {
+  auto s = rep_.pool().stats();
+  const MemTag watched[] = {MemTag::activations, MemTag::workspace};
+  if (steps_seen_++ == 0) {
+    for (MemTag t : watched) baseline_[static_cast<int>(t)] = s.tags[static_cast<int>(t)].in_use;
+    return;
+  }
+  std::string report;
+  for (MemTag t : watched) {
+    const int i = static_cast<int>(t);
+    if (s.tags[i].in_use <= baseline_[i]) continue;
+    report += std::string(mem_tag_name(t)) + " grew by " + format_bytes(s.tags[i].in_use - baseline_[i]) +
+              " since the first step (now " + format_bytes(s.tags[i].in_use) + " live between steps); held by:";
+    int shown = 0;
+    for (auto& [site, bytes] : rep_.pool().live_by_site(t))
+      if (shown++ < 3) report += " " + site + " (" + format_bytes(bytes) + ")";
+    report += ". ";
+    baseline_[i] = s.tags[i].in_use;  // warn again only if it keeps growing
+  }
+  if (!report.empty()) {
+    leak_report_ = "possible leak on replica " + std::to_string(rep_.rank()) + " at step " +
+                   std::to_string(opt_.steps()) + ": " + report;
+    log_warn(leak_report_);
+  }
 }
 
 EvalSums ReplicaStep::eval_batch(const Tensor& images, const Tensor& labels) {

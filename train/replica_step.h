@@ -16,7 +16,9 @@
 // same verdict. An overflowing step is skipped: no parameter, optimizer state or step count
 // changes, and the returned StepStatus says so (applied = false).
 #pragma once
+#include <array>
 #include <memory>
+#include <string>
 
 #include "ops/nn/model.h"
 #include "optim/loss_scaler.h"
@@ -66,6 +68,11 @@ class ReplicaStep {
   // Forward in eval mode; returns this replica's sums (the caller reduces across replicas).
   EvalSums eval_batch(const Tensor& images, const Tensor& labels);
 
+  // Leak check, run at the end of every step: activations and workspace must return to what
+  // they held after the first step. Growth is a warning naming the tag and the layers whose
+  // allocations are still alive; the last report (empty when clean) is kept here.
+  const std::string& leak_report() const { return leak_report_; }
+
   nn::Model& model() { return model_; }
   parallel::Replica& replica() { return rep_; }
   const parallel::GradientSync& sync() const { return *sync_; }
@@ -76,8 +83,12 @@ class ReplicaStep {
   optim::Optimizer& opt_;
   StepOptions o_;
   std::unique_ptr<parallel::GradientSync> sync_;
+  void check_leaks();
   double loss_sum_ = 0, correct_ = 0, count_ = 0;
   int micro_seen_ = 0;
+  int64_t steps_seen_ = 0;
+  std::array<size_t, kNumTags> baseline_{};
+  std::string leak_report_;
 };
 
 }  // namespace replica::train

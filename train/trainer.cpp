@@ -349,8 +349,8 @@ EvalResult Trainer::evaluate_on(parallel::Replica& rep) {
     if (lo >= hi) continue;
     std::vector<int64_t> idx;
     for (int64_t i = lo; i < hi; ++i) idx.push_back(i);
-    Tensor x = Tensor::empty(rep.pool(), {hi - lo, s[0], s[1], s[2]}, DType::f32, MemTag::activations);
-    Tensor y = Tensor::empty(rep.pool(), {hi - lo}, DType::i32, MemTag::activations);
+    Tensor x = Tensor::empty(rep.pool(), {hi - lo, s[0], s[1], s[2]}, DType::f32, MemTag::data);
+    Tensor y = Tensor::empty(rep.pool(), {hi - lo}, DType::i32, MemTag::data);
     data::load_samples(*test_, idx, aug_, false, cfg_.train.seed, 0, x.data<float>(), y.data<int32_t>());
     auto e = st.step->eval_batch(x, y);
     sums[0] += e.loss_sum;

@@ -253,13 +253,19 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
 
 Tensor Sequential::forward(Context& ctx, const Tensor& x) {
   Tensor h = x;
-  for (auto& l : layers_) h = l->forward(ctx, h);
+  for (auto& l : layers_) {
+    AllocationSite site(l->name().c_str());  // what each layer allocates is attributed to it
+    h = l->forward(ctx, h);
+  }
   return h;
 }
 
 Tensor Sequential::backward(Context& ctx, const Tensor& dy) {
   Tensor g = dy;
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = (*it)->backward(ctx, g);
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    AllocationSite site((*it)->name().c_str());
+    g = (*it)->backward(ctx, g);
+  }
   return g;
 }
 

@@ -199,3 +199,62 @@ TEST(MixedPrecision, Fp16AndBf16TrackFp32OnFashionMnist) {
   EXPECT_NEAR(acc["fp16"], acc["fp32"], 0.03);
   EXPECT_NEAR(acc["bf16"], acc["fp32"], 0.03);
 }
+
+namespace {
+// A layer with a bug: it keeps every output it produced.
+class Hoarder : public nn::Layer {
+ public:
+  Hoarder() : Layer("leaky.hoarder") {}
+  Tensor forward(nn::Context& ctx, const Tensor& x) override {
+    Tensor y = ctx.alloc(x.shape());
+    std::memcpy(y.raw(), x.raw(), x.nbytes());
+    kept_.push_back(y);
+    return y;
+  }
+  Tensor backward(nn::Context&, const Tensor& dy) override { return dy; }
+  Shape output_shape(const Shape& in) const override { return in; }
+
+ private:
+  std::vector<Tensor> kept_;
+};
+}  // namespace
+
+TEST(Diagnostics, APlantedLeakIsNamedWithItsLayer) {
+  parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
+  group.run([&](parallel::Replica& rep) {
+    auto net = std::make_unique<nn::Sequential>("net");
+    net->emplace<nn::Conv2d>("conv", 1, 4, 3, 1, 1);
+    net->emplace<Hoarder>();
+    net->emplace<nn::GlobalAvgPool>("pool");
+    net->emplace<nn::Linear>("fc", 4, 10);
+    nn::Model model("leaky", std::move(net), Shape{8, 8, 1}, 10);
+    model.materialize(rep.pool(), 1);
+    optim::Sgd sgd(model.registry(), model.num_params(), rep.pool(), {});
+    train::ReplicaStep rs(rep, model, sgd, {.accumulation = 1, .micro_batch = 4});
+    Tensor x, y;
+    random_batch(rep.pool(), 4, 1, x, y);
+    for (int s = 0; s < 3; ++s) {
+      rs.zero_grad();
+      rs.micro_step(x, y, true);
+      rs.apply(0.01f);
+    }
+    const std::string& r = rs.leak_report();
+    EXPECT_NE(r.find("activations grew"), std::string::npos) << r;
+    EXPECT_NE(r.find("leaky.hoarder"), std::string::npos) << r;
+  });
+  // and a healthy model stays quiet
+  group.run([&](parallel::Replica& rep) {
+    auto model = tiny_resnet();
+    model->materialize(rep.pool(), 1);
+    optim::Sgd sgd(model->registry(), model->num_params(), rep.pool(), {});
+    train::ReplicaStep rs(rep, *model, sgd, {.accumulation = 1, .micro_batch = 4});
+    Tensor x, y;
+    random_batch(rep.pool(), 4, 1, x, y);
+    for (int s = 0; s < 3; ++s) {
+      rs.zero_grad();
+      rs.micro_step(x, y, true);
+      rs.apply(0.01f);
+    }
+    EXPECT_EQ(rs.leak_report(), "");
+  });
+}
