@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "debug, info, warn, error or off");
 
-  std::string config, devices, run_dir, model_path, resume, checkpoint;
+  std::string config, devices, run_dir, model_path, resume, checkpoint, trace;
   std::vector<std::string> sets;
   auto add_common = [&](CLI::App* c) {
     c->add_option("config", config, "YAML run configuration (default: the built-in configs/default.yaml)");
@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   add_common(train_cmd);
   train_cmd->add_option("--run-dir", run_dir, "where to write config, metrics and the model (train.run_dir)");
   train_cmd->add_option("--resume", resume, "continue from the newest valid checkpoint of RUN_DIR (or a .ckpt file)");
+  train_cmd->add_option("--trace", trace, "write a Chrome-trace timeline (Perfetto) to this JSON file");
   auto* eval_cmd = app.add_subcommand("eval", "evaluate a saved model on the test split");
   add_common(eval_cmd);
   eval_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)");
@@ -147,7 +148,7 @@ int main(int argc, char** argv) {
       }
       auto cfg = train::load_config(config, sets);
       train::install_stop_signals();
-      train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = resume});
+      train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = resume, .trace = trace});
       auto r = trainer.fit();
       if (r.stopped_by_signal && trainer.group().lead_process()) {
         std::printf("replica: stopped by signal %d after step %ld; checkpoint %s\n"

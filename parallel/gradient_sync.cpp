@@ -1,6 +1,7 @@
 // GradientSync: bucket layout, readiness counting, launch and wait; replica agreement checks.
 #include "parallel/gradient_sync.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "core/errors.h"
@@ -44,7 +45,14 @@ void GradientSync::begin(bool sync) {
   }
 }
 
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
 void GradientSync::launch(Bucket& b) {
+  b.launched_ns = steady_ns();
   const size_t n = static_cast<size_t>(b.hi - b.lo);
   if (staging_.defined()) {
     const size_t es = dtype_size(staging_.dtype());
@@ -75,6 +83,7 @@ void GradientSync::finish() {
     if (!b.work) launch(b);
   for (auto& b : buckets_) {
     b.work->wait();
+    b.done_ns = steady_ns();
     if (staging_.defined()) {
       const size_t es = dtype_size(staging_.dtype());
       convert(static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.lo) * es, staging_.dtype(),

@@ -28,6 +28,8 @@ struct Bucket {
   int slots = 0;                // parameter slots in it
   int pending = 0;              // slots not yet final in this step
   WorkHandle work;
+  // steady-clock ns of the last step's launch and of finish() seeing it done (for timelines)
+  int64_t launched_ns = 0, done_ns = 0;
 };
 
 class GradientSync {

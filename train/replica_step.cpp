@@ -31,6 +31,8 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
     ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum(d, n); };
   sync_->begin(last);
   ctx.on_grads_ready = [this](int first, int count) { sync_->ready(first, count); };
+  const int track = 2 * rep_.rank();
+  auto fwd = std::make_unique<Timeline::Scope>(o_.timeline, track, "forward", "compute");
   Tensor logits = model_.forward(ctx, images);
   Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);  // softmax in f32
   auto r = be.softmax_xent_forward(logits, labels, probs);
@@ -40,7 +42,12 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   const float weight = scale / static_cast<float>(o_.micro_batch * o_.accumulation);
   be.softmax_xent_backward(probs, labels, weight, dlogits);
   probs = Tensor();
-  model_.backward(ctx, dlogits);
+  fwd.reset();
+  {
+    Timeline::Scope bwd(o_.timeline, track, last ? "backward (buckets all-reduce as they fill)" : "backward (no_sync)",
+                        "compute");
+    model_.backward(ctx, dlogits);
+  }
   loss_sum_ += r.loss_sum;
   correct_ += static_cast<double>(r.correct);
   count_ += static_cast<double>(images.dim(0));
@@ -51,7 +58,18 @@ StepStatus ReplicaStep::apply(float lr) {
   if (micro_seen_ != o_.accumulation)
     throw Error("ReplicaStep::apply after " + std::to_string(micro_seen_) + " micro-steps; expected " +
                 std::to_string(o_.accumulation));
-  sync_->finish();
+  {
+    Timeline::Scope wait(o_.timeline, 2 * rep_.rank(), "wait for gradient all-reduce", "comm");
+    sync_->finish();
+  }
+  if (o_.timeline && rep_.world() > 1) {
+    int i = 0;
+    for (const auto& b : sync_->buckets())
+      if (b.work)
+        o_.timeline->slice(2 * rep_.rank() + 1, "all-reduce bucket " + std::to_string(i++) + " (" +
+                                                    format_bytes(static_cast<size_t>(b.hi - b.lo) * 4) + ")",
+                           o_.timeline->from_steady(b.launched_ns), o_.timeline->from_steady(b.done_ns), "comm");
+  }
   float sums[3] = {static_cast<float>(loss_sum_), static_cast<float>(correct_), static_cast<float>(count_)};
   if (rep_.world() > 1) rep_.psum(sums, 3);
   StepStatus st;
@@ -81,9 +99,19 @@ StepStatus ReplicaStep::apply(float lr) {
   }
   st.grad_norm = o_.clip_grad_norm > 0 ? optim::clip_grad_norm(model_.grads(), o_.clip_grad_norm)
                                        : std::sqrt(be.sum_squares(model_.grads()));
-  opt_.step(model_.params(), model_.grads(), lr);
-  model_.refresh_compute_copy();
+  {
+    Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
+    opt_.step(model_.params(), model_.grads(), lr);
+    model_.refresh_compute_copy();
+  }
   check_leaks();
+  if (o_.timeline) {
+    auto ps = rep_.pool().stats();
+    std::vector<std::pair<std::string, double>> v;
+    for (int t = 0; t < kNumTags; ++t) v.emplace_back(mem_tag_name(static_cast<MemTag>(t)), ps.tags[t].peak_in_use / 1048576.0);
+    o_.timeline->counter(2 * rep_.rank(), "replica " + std::to_string(rep_.rank()) + " pool peak MiB by tag",
+                         o_.timeline->now_ns(), std::move(v));
+  }
   return st;
 }
 

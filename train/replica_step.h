@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "core/timeline.h"
 #include "ops/nn/model.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -54,6 +55,7 @@ struct StepOptions {
   optim::DynamicLossScaler* scaler = nullptr;  // loss scaling (fp16); nullptr: none
   double clip_grad_norm = 0;                 // 0: no clipping
   parallel::BucketOptions buckets;
+  Timeline* timeline = nullptr;  // `--trace`: slices for forward, backward, all-reduces, optimizer
 };
 
 class ReplicaStep {

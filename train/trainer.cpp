@@ -128,6 +128,14 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
                           .zero_init_residual = cfg_.model.zero_init_residual,
                           .checkpoint_every = cfg_.model.checkpoint_every};
   const DType compute = parse_dtype(cfg_.train.precision);
+  if (!opts_.trace.empty()) {
+    timeline_ = std::make_unique<Timeline>();
+    for (int i = 0; i < group_->size(); ++i) {
+      const int r = group_->replica(i).rank();
+      timeline_->name_track(2 * r, "replica " + std::to_string(r) + " compute");
+      timeline_->name_track(2 * r + 1, "replica " + std::to_string(r) + " communication");
+    }
+  }
   states_.resize(group_->size());
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.local_index()];
@@ -178,6 +186,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     so.scaler = st.scaler.get();
     so.clip_grad_norm = oc.clip_grad_norm;
     so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
+    so.timeline = timeline_.get();
     st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
     st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), rep.pool(), aug_,
                                                       cfg_.train.seed, cfg_.data.prefetch);
@@ -424,7 +433,10 @@ FitResult Trainer::fit() {
       for (int64_t s = first; s < spe && global_step < total_steps_; ++s) {
         st.step->zero_grad();
         for (int k = 0; k < accumulation_; ++k) {
-          data::Batch b = st.loader->next();
+          data::Batch b = [&] {
+            Timeline::Scope wait(timeline_.get(), 2 * rep.rank(), "data wait", "data");
+            return st.loader->next();
+          }();
           st.step->micro_step(b.images, b.labels, k == accumulation_ - 1);
         }
         // The schedule advances with applied steps only: a skipped (overflowing) step leaves it.
@@ -510,7 +522,10 @@ FitResult Trainer::fit() {
       double epoch_s = std::chrono::duration<double>(Clock::now() - t_epoch).count();
       if (lead) train_seconds += epoch_s;
       if (cfg_.train.eval && !stop) {
-        EvalResult e = evaluate_on(rep);
+        EvalResult e = [&] {
+          Timeline::Scope ev(timeline_.get(), 2 * rep.rank(), "evaluation", "eval");
+          return evaluate_on(rep);
+        }();
         if (lead) {
           result.test = e;
           if (opts_.print) {
@@ -553,6 +568,10 @@ FitResult Trainer::fit() {
     }
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (timeline_ && group_->lead_process()) {
+    timeline_->write_chrome_json(opts_.trace);
+    if (opts_.print) std::printf("replica: timeline written to %s (open in https://ui.perfetto.dev)\n", opts_.trace.c_str());
+  }
   int64_t images = 0;
   for (auto& h : result.history) images += h.samples;
   result.images_per_second = images / std::max(train_seconds, 1e-9);

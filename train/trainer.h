@@ -38,6 +38,8 @@ struct TrainerOptions {
   std::function<void(const StepStatus&)> on_step;  // rank 0, after each step
   // Resume from a run directory (its newest valid checkpoint) or a checkpoint file.
   std::string resume;
+  // Write a Chrome-trace timeline of the run here (Perfetto, chrome://tracing).
+  std::string trace;
 };
 
 // Builds the data set of a configuration's split ("train" / "test").
@@ -85,6 +87,7 @@ class Trainer {
   int accumulation_ = 1;
   int64_t micro_ = 0, total_steps_ = 0;
   std::string metrics_path_;
+  std::unique_ptr<Timeline> timeline_;
   // Where a resumed run starts.
   int64_t start_global_step_ = 0, start_epoch_ = 0, start_step_in_epoch_ = 0;
   std::string resumed_from_;
