@@ -7,7 +7,11 @@
 #include <cstring>
 #include <thread>
 
+#include "core/alloc_trace.h"
 #include "core/errors.h"
+
+#include <algorithm>
+#include <unordered_map>
 #include "parallel/mpi/mpi_communicator.h"
 #include "parallel/replica_group.h"
 #include "train/trainer.h"
@@ -126,6 +130,140 @@ int bench_train(const TrainBenchOptions& o) {
                   100.0 * (ips / world) / (base / base_world));
     std::fflush(stdout);
   }
+  return 0;
+}
+
+}  // namespace replica::apps
+
+namespace replica::apps {
+
+namespace {
+
+struct Replay {
+  bool ok = true;
+  size_t peak_live = 0, peak_reserved = 0;
+  double frag_mean = 0, frag_max = 0;
+};
+
+// Replays `ev` on a pool of the given mode and capacity over fake addresses.
+Replay replay(const std::vector<AllocEvent>& ev, AllocatorMode mode, size_t capacity) {
+  PoolOptions o;
+  o.mode = mode;
+  o.bytes = capacity;
+  MemoryPool pool({DeviceKind::cpu, 0}, std::make_unique<SimulatedUpstream>(size_t(1) << 50), o);
+  std::unordered_map<uint64_t, void*> live;
+  Replay r;
+  double frag_sum = 0;
+  size_t samples = 0;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const auto& e = ev[i];
+    if (e.alloc) {
+      try {
+        live[e.id] = pool.allocate(e.bytes, e.tag);
+      } catch (const OutOfMemoryError&) {
+        r.ok = false;
+        return r;
+      }
+    } else {
+      auto it = live.find(e.id);
+      if (it == live.end()) continue;  // freed before the trace started
+      pool.deallocate(it->second);
+      live.erase(it);
+    }
+    if (i % 64 == 0) {
+      auto s = pool.stats();
+      frag_sum += s.fragmentation;
+      r.frag_max = std::max(r.frag_max, s.fragmentation);
+      samples++;
+    }
+  }
+  auto s = pool.stats();
+  r.peak_live = s.peak_in_use;
+  r.peak_reserved = s.peak_reserved;
+  r.frag_mean = samples ? frag_sum / samples : 0;
+  return r;
+}
+
+// Offline lifetime-aware packing: every allocation is an interval in time with a size; place
+// the largest first at the lowest offset that overlaps no placed allocation alive at the same
+// time (greedy by size, as TFLite's arena planner). Returns the arena size.
+size_t pack_offline(const std::vector<AllocEvent>& ev, size_t& peak_live) {
+  struct Item {
+    size_t size, begin, end, offset = 0;
+  };
+  std::vector<Item> items;
+  std::unordered_map<uint64_t, size_t> open;
+  size_t live = 0;
+  peak_live = 0;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const size_t rounded = std::max<size_t>(256, (ev[i].bytes + 255) & ~size_t(255));
+    if (ev[i].alloc) {
+      open[ev[i].id] = items.size();
+      items.push_back({rounded, i, ev.size()});
+      live += rounded;
+      peak_live = std::max(peak_live, live);
+    } else if (auto it = open.find(ev[i].id); it != open.end()) {
+      items[it->second].end = i;
+      live -= items[it->second].size;
+      open.erase(it);
+    }
+  }
+  std::vector<size_t> order(items.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return items[a].size > items[b].size; });
+  std::vector<size_t> placed;
+  size_t arena = 0;
+  for (size_t idx : order) {
+    auto& it = items[idx];
+    std::vector<std::pair<size_t, size_t>> busy;  // offset ranges alive at the same time
+    for (size_t p : placed) {
+      const auto& q = items[p];
+      if (q.begin < it.end && it.begin < q.end) busy.push_back({q.offset, q.offset + q.size});
+    }
+    std::sort(busy.begin(), busy.end());
+    size_t off = 0;
+    for (auto& [b, e] : busy) {
+      if (off + it.size <= b) break;
+      off = std::max(off, e);
+    }
+    it.offset = off;
+    arena = std::max(arena, off + it.size);
+    placed.push_back(idx);
+  }
+  return arena;
+}
+
+}  // namespace
+
+int bench_alloc(const std::string& csv) {
+  auto ev = AllocTrace::read_csv(csv);
+  size_t allocs = 0;
+  for (auto& e : ev) allocs += e.alloc;
+  Replay unlimited = replay(ev, AllocatorMode::growth, size_t(1) << 48);
+  const size_t live = unlimited.peak_live;
+  std::printf("# replica bench alloc --replay %s: %zu events, %zu allocations, peak live %s\n", csv.c_str(), ev.size(),
+              allocs, format_bytes(live).c_str());
+  std::printf("#%-34s %16s %22s %16s %14s\n", "policy", "min capacity", "peak reserved / live", "frag mean", "frag max");
+  // best-fit preallocate: the smallest capacity (to 0.5%) that completes the trace
+  size_t lo = live, hi = live * 4;
+  while (!replay(ev, AllocatorMode::preallocate, hi).ok) hi *= 2;
+  while (hi - lo > live / 200 + 256) {
+    size_t mid = (lo + hi) / 2 & ~size_t(255);
+    if (replay(ev, AllocatorMode::preallocate, mid).ok) hi = mid;
+    else lo = mid;
+  }
+  Replay bf = replay(ev, AllocatorMode::preallocate, hi);
+  std::printf(" %-34s %16s %21.3fx %16.3f %14.3f\n", "best-fit preallocate (at min cap.)", format_bytes(hi).c_str(),
+              double(hi) / live, bf.frag_mean, bf.frag_max);
+  std::printf(" %-34s %16s %21.3fx %16.3f %14.3f\n", "growth (regions doubling)", "-",
+              double(unlimited.peak_reserved) / live, unlimited.frag_mean, unlimited.frag_max);
+  Replay pf = replay(ev, AllocatorMode::platform, size_t(1) << 48);
+  std::printf(" %-34s %16s %21.3fx %16s %14s\n", "platform (exact, slow)", format_bytes(pf.peak_reserved).c_str(),
+              double(pf.peak_reserved) / live, "0", "0");
+  size_t packed_live = 0;
+  size_t arena = pack_offline(ev, packed_live);
+  std::printf(" %-34s %16s %21.3fx %16s %14s\n", "lifetime-aware packing (offline)", format_bytes(arena).c_str(),
+              double(arena) / live, "-", "-");
   return 0;
 }
 

@@ -24,6 +24,12 @@ struct TrainBenchOptions {
 // Training throughput for each replica count, and the scaling efficiency against 1 replica.
 int bench_train(const TrainBenchOptions& o);
 
+// Replays an allocation trace (CSV from `replica train --alloc-trace`) against each policy:
+// best-fit preallocate (smallest capacity that completes it), growth, platform, and an offline
+// lifetime-aware packing of the whole trace (what a step-planned allocator could reach);
+// reports peak reserved / peak live and fragmentation over time.
+int bench_alloc(const std::string& csv);
+
 size_t parse_size(const std::string& s);  // "8", "1K", "128M", "1G"
 
 }  // namespace replica::apps

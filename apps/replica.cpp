@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "debug, info, warn, error or off");
 
-  std::string config, devices, run_dir, model_path, resume, checkpoint, trace;
+  std::string config, devices, run_dir, model_path, resume, checkpoint, trace, alloc_trace;
   std::vector<std::string> sets;
   auto add_common = [&](CLI::App* c) {
     c->add_option("config", config, "YAML run configuration (default: the built-in configs/default.yaml)");
@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--run-dir", run_dir, "where to write config, metrics and the model (train.run_dir)");
   train_cmd->add_option("--resume", resume, "continue from the newest valid checkpoint of RUN_DIR (or a .ckpt file)");
   train_cmd->add_option("--trace", trace, "write a Chrome-trace timeline (Perfetto) to this JSON file");
+  train_cmd->add_option("--alloc-trace", alloc_trace, "write replica 0's allocations as CSV (for bench alloc --replay)");
   auto* eval_cmd = app.add_subcommand("eval", "evaluate a saved model on the test split");
   add_common(eval_cmd);
   eval_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)");
@@ -128,6 +129,9 @@ int main(int argc, char** argv) {
   tb_cmd->add_option("--replicas", tb.replicas, "replica counts to run, e.g. --replicas 1 2");
   tb_cmd->add_option("--steps", tb.steps, "timed steps per run");
   tb_cmd->add_option("--warmup", tb.warmup, "untimed steps first");
+  std::string replay;
+  auto* alloc_cmd = bench_cmd->add_subcommand("alloc", "replay an allocation trace against each pool policy");
+  alloc_cmd->add_option("--replay", replay, "CSV written by replica train --alloc-trace")->required();
 
   try {
     app.parse(argc, argv);
@@ -148,7 +152,7 @@ int main(int argc, char** argv) {
       }
       auto cfg = train::load_config(config, sets);
       train::install_stop_signals();
-      train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = resume, .trace = trace});
+      train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = resume, .trace = trace, .alloc_trace = alloc_trace});
       auto r = trainer.fit();
       if (r.stopped_by_signal && trainer.group().lead_process()) {
         std::printf("replica: stopped by signal %d after step %ld; checkpoint %s\n"
@@ -171,6 +175,7 @@ int main(int argc, char** argv) {
       return apps::bench_allreduce(ar);
     }
     if (*tb_cmd) return apps::bench_train(tb);
+    if (*alloc_cmd) return apps::bench_alloc(replay);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "replica: error: %s\n", e.what());
     parallel::abort_mpi_job("configuration error", 2);  // under mpirun: stop every process now

@@ -136,6 +136,10 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
       timeline_->name_track(2 * r + 1, "replica " + std::to_string(r) + " communication");
     }
   }
+  if (!opts_.alloc_trace.empty() && group_->lead_process()) {
+    alloc_trace_ = std::make_unique<AllocTrace>();
+    group_->replica(0).pool().set_trace(alloc_trace_.get());
+  }
   states_.resize(group_->size());
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.local_index()];
@@ -431,6 +435,7 @@ FitResult Trainer::fit() {
       const int64_t first = epoch == start_epoch_ ? start_step_in_epoch_ : 0;
       st.loader->begin_epoch(epoch, first);
       for (int64_t s = first; s < spe && global_step < total_steps_; ++s) {
+        rep.pool().set_step(global_step);
         st.step->zero_grad();
         for (int k = 0; k < accumulation_; ++k) {
           data::Batch b = [&] {
@@ -568,6 +573,11 @@ FitResult Trainer::fit() {
     }
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (alloc_trace_) {
+    group_->replica(0).pool().set_trace(nullptr);
+    alloc_trace_->write_csv(opts_.alloc_trace);
+    if (opts_.print) std::printf("replica: %zu allocation events of replica 0 written to %s\n", alloc_trace_->events().size(), opts_.alloc_trace.c_str());
+  }
   if (timeline_ && group_->lead_process()) {
     timeline_->write_chrome_json(opts_.trace);
     if (opts_.print) std::printf("replica: timeline written to %s (open in https://ui.perfetto.dev)\n", opts_.trace.c_str());

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/alloc_trace.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "optim/schedule.h"
@@ -40,6 +41,8 @@ struct TrainerOptions {
   std::string resume;
   // Write a Chrome-trace timeline of the run here (Perfetto, chrome://tracing).
   std::string trace;
+  // Record replica 0's pool allocations and write them as CSV (replica bench alloc --replay).
+  std::string alloc_trace;
 };
 
 // Builds the data set of a configuration's split ("train" / "test").
@@ -88,6 +91,7 @@ class Trainer {
   int64_t micro_ = 0, total_steps_ = 0;
   std::string metrics_path_;
   std::unique_ptr<Timeline> timeline_;
+  std::unique_ptr<AllocTrace> alloc_trace_;
   // Where a resumed run starts.
   int64_t start_global_step_ = 0, start_epoch_ = 0, start_step_in_epoch_ = 0;
   std::string resumed_from_;

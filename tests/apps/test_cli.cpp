@@ -144,3 +144,21 @@ TEST(Cli, SigtermCheckpointsExitsCleanlyAndResumes) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resumed from " + dir + "/checkpoints/step-"), std::string::npos) << r.out;
 }
+
+TEST(Cli, AllocationTraceReplaysAgainstEveryPolicy) {
+  const std::string dir = ::testing::TempDir() + "/cli_alloc", csv = ::testing::TempDir() + "/alloc.csv";
+  auto r = run("train --devices cpu:1 --run-dir " + dir + " --alloc-trace " + csv +
+               " --set model.width=4 --set data.dataset=synthetic --set data.synthetic_size=256"
+               " --set data.mean=[0.5] --set data.std=[0.25] --set train.global_batch=16 --set train.max_steps=2"
+               " --set train.eval=false");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto b = run("bench alloc --replay " + csv);
+  ASSERT_EQ(b.code, 0) << b.out;
+  for (const char* p : {"best-fit preallocate", "growth", "platform", "lifetime-aware packing"})
+    EXPECT_NE(b.out.find(p), std::string::npos) << b.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(b.out, m, std::regex("best-fit preallocate \\(at min cap\\.\\)\\s+\\S+ \\S+\\s+([0-9.]+)x")));
+  EXPECT_GE(std::stod(m[1]), 1.0);
+  EXPECT_LT(std::stod(m[1]), 2.0);
+  EXPECT_EQ(run("bench alloc --replay /nonexistent.csv").code, 1);
+}
