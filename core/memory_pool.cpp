@@ -444,8 +444,11 @@ void MemoryPool::throw_oom(size_t bytes, size_t rounded, MemTag tag) {
   if (total_free >= rounded)
     os << "Enough memory is free in total but not in one piece (fragmentation). ";
   os << "To fit: use a smaller train.micro_batch with more accumulation steps, train.precision: "
-        "fp16 or bf16, model.checkpoint: blocks, or a larger memory.fraction (now "
-     << options_.fraction << ", from " << options_.fraction_source << ").";
+        "fp16 or bf16, model.checkpoint: blocks, or ";
+  if (options_.bytes)
+    os << "a larger memory.bytes (now " << format_bytes(options_.bytes) << ").";
+  else
+    os << "a larger memory.fraction (now " << options_.fraction << ", from " << options_.fraction_source << ").";
   throw OutOfMemoryError(os.str(), bytes);
 }
 

@@ -420,6 +420,7 @@ FitResult Trainer::fit() {
   FitResult result;
   auto t_start = Clock::now();
   double train_seconds = 0;
+  try {
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.local_index()];
     const bool lead = rep.rank() == 0;
@@ -572,6 +573,24 @@ FitResult Trainer::fit() {
       save_model(*st.model, st.model->params(), st.model->buffers(), run_dir + "/model.bin");
     }
   });
+  } catch (const parallel::ReplicaError& e) {
+    std::string msg = e.what();
+    if (msg.find("out of memory") == std::string::npos) throw;
+    // Add what the planner would do (measured on this configuration, not guessed).
+    std::string advice;
+    try {
+      MemPlan plan = plan_memory(cfg_);
+      if (plan.best_micro_batch)
+        advice = " The planner (replica memplan) says micro_batch " + std::to_string(plan.best_micro_batch) + " with " +
+                 std::to_string(plan.accumulation) + " accumulation step(s) fits this pool and keeps global_batch " +
+                 std::to_string(cfg_.train.global_batch) + " (set train.micro_batch: auto to let it choose).";
+      else
+        advice = " The planner finds no micro-batch that fits this pool: use model.checkpoint: blocks, "
+                 "train.precision: fp16 or bf16, or a larger memory.fraction.";
+    } catch (const std::exception&) {
+    }
+    throw parallel::ReplicaError(e.rank(), msg + advice);
+  }
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (alloc_trace_) {
     group_->replica(0).pool().set_trace(nullptr);

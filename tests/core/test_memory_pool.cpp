@@ -146,7 +146,7 @@ TEST(MemoryPool, OomMessageNamesEverythingAndPoolStaysUsable) {
     EXPECT_EQ(e.requested(), 12 * MiB);
     for (const char* needle : {"12.00 MiB", "capacity 64.00 MiB", "in use 50.00 MiB", "free 14.00 MiB",
                                "largest free block 10.00 MiB", "fragmentation 29%", "activations 30.00 MiB",
-                               "grads 20.00 MiB", "not in one piece", "micro_batch", "fp16", "memory.fraction"})
+                               "grads 20.00 MiB", "not in one piece", "micro_batch", "fp16", "memory.bytes (now 64.00 MiB)"})
       EXPECT_NE(m.find(needle), std::string::npos) << "missing '" << needle << "' in: " << m;
   }
   EXPECT_EQ(pool->stats().ooms, 1u);

@@ -49,3 +49,18 @@ TEST(MemPlan, AutoMicroBatchFitsASmallPool) {
   EXPECT_EQ(r.steps, 3);
   EXPECT_LE(t.group().replica(0).pool().stats().peak_reserved, size_t(40) << 20);
 }
+
+TEST(MemPlan, OutOfMemoryCarriesThePlannersSuggestion) {
+  auto cfg = parse_config("", "test", sets("fp32", "64", "memory.mode=preallocate"));
+  cfg.memory.bytes = size_t(40) << 20;
+  Trainer t(cfg, {.print = false, .on_step = nullptr});
+  try {
+    t.fit();
+    FAIL() << "expected out of memory";
+  } catch (const parallel::ReplicaError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("out of memory"), std::string::npos) << m;
+    EXPECT_NE(m.find("memory.bytes (now 40.00 MiB)"), std::string::npos) << m;
+    EXPECT_NE(m.find("The planner (replica memplan) says micro_batch"), std::string::npos) << m;
+  }
+}
