@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/alloc_trace.h"
+#include "core/lifetime_packing.h"
 #include "core/errors.h"
 
 #include <algorithm>
@@ -184,14 +185,9 @@ Replay replay(const std::vector<AllocEvent>& ev, AllocatorMode mode, size_t capa
   return r;
 }
 
-// Offline lifetime-aware packing: every allocation is an interval in time with a size; place
-// the largest first at the lowest offset that overlaps no placed allocation alive at the same
-// time (greedy by size, as TFLite's arena planner). Returns the arena size.
+// Offline lifetime-aware packing of the whole trace (core/lifetime_packing.h).
 size_t pack_offline(const std::vector<AllocEvent>& ev, size_t& peak_live) {
-  struct Item {
-    size_t size, begin, end, offset = 0;
-  };
-  std::vector<Item> items;
+  std::vector<LifetimeItem> items;
   std::unordered_map<uint64_t, size_t> open;
   size_t live = 0;
   peak_live = 0;
@@ -208,29 +204,7 @@ size_t pack_offline(const std::vector<AllocEvent>& ev, size_t& peak_live) {
       open.erase(it);
     }
   }
-  std::vector<size_t> order(items.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return items[a].size > items[b].size; });
-  std::vector<size_t> placed;
-  size_t arena = 0;
-  for (size_t idx : order) {
-    auto& it = items[idx];
-    std::vector<std::pair<size_t, size_t>> busy;  // offset ranges alive at the same time
-    for (size_t p : placed) {
-      const auto& q = items[p];
-      if (q.begin < it.end && it.begin < q.end) busy.push_back({q.offset, q.offset + q.size});
-    }
-    std::sort(busy.begin(), busy.end());
-    size_t off = 0;
-    for (auto& [b, e] : busy) {
-      if (off + it.size <= b) break;
-      off = std::max(off, e);
-    }
-    it.offset = off;
-    arena = std::max(arena, off + it.size);
-    placed.push_back(idx);
-  }
-  return arena;
+  return pack_lifetimes(items);
 }
 
 }  // namespace

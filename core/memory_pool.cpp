@@ -13,6 +13,7 @@
 
 #include "core/alloc_trace.h"
 #include "core/errors.h"
+#include "core/lifetime_packing.h"
 
 namespace replica {
 
@@ -259,6 +260,8 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
     on_alloc(rounded, bytes, tag, p);
     return p;
   }
+  if (serving_ && !diverged_ && std::this_thread::get_id() == plan_thread_)
+    if (void* p = plan_serve(rounded, bytes, tag)) return p;
   Block* b = find_best_fit(rounded);
   if (!b) {
     if (options_.mode == AllocatorMode::growth && add_region(rounded)) b = find_best_fit(rounded);
@@ -282,12 +285,30 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
   b->site = AllocationSite::current();
   live_.insert(b->ptr, b);
   on_alloc(b->size, bytes, tag, b->ptr);
+  if (recording_ && std::this_thread::get_id() == plan_thread_) {
+    rec_live_.insert(b->ptr, static_cast<int>(plan_.size()));
+    plan_.push_back({b->size, tag, false, 0, {}});
+    rec_life_.push_back({rec_clock_++, SIZE_MAX});
+  }
   return b->ptr;
 }
 
 void MemoryPool::deallocate(void* p) {
   if (!p) return;
   std::lock_guard<std::mutex> lock(mu_);
+  if (plan_arena_ && static_cast<char*>(p) >= plan_arena_ && static_cast<char*>(p) < plan_arena_ + plan_arena_size_) {
+    bool found = false;
+    int k = plan_live_.take(p, found);
+    if (!found) throw Error("MemoryPool(" + device_.str() + "): double free inside the step plan");
+    freed_[k] = 1;
+    on_free(plan_[k].size, plan_[k].size, plan_[k].tag, p);
+    return;
+  }
+  if (recording_) {
+    bool rec = false;
+    int k = rec_live_.take(p, rec);
+    if (rec) rec_life_[k].second = rec_clock_++;
+  }
   bool found = false;
   Block* b = live_.take(p, found);
   if (!found)
@@ -408,6 +429,144 @@ std::vector<std::pair<std::string, size_t>> MemoryPool::live_by_site(MemTag tag)
   std::vector<std::pair<std::string, size_t>> out(by.begin(), by.end());
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.second > b.second; });
   return out;
+}
+
+void MemoryPool::plan_record_begin() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.mode == AllocatorMode::platform)
+    throw ConfigError("memory.step_plan needs the preallocate or growth pool, not platform");
+  if (plan_arena_) throw Error("MemoryPool: plan_clear() before recording a new plan");
+  plan_.clear();
+  rec_life_.clear();
+  rec_clock_ = 0;
+  plan_thread_ = std::this_thread::get_id();
+  recording_ = true;
+}
+
+void MemoryPool::plan_record_end() {
+  std::vector<LifetimeItem> items;
+  std::vector<int> which;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recording_ = false;
+    rec_live_ = detail::PtrMap<int>();
+    for (size_t k = 0; k < plan_.size(); ++k)
+      if (rec_life_[k].second != SIZE_MAX) {  // freed within the step: plannable
+        plan_[k].planned = true;
+        items.push_back({plan_[k].size, rec_life_[k].first, rec_life_[k].second});
+        which.push_back(static_cast<int>(k));
+      }
+  }
+  const size_t arena = pack_lifetimes(items);
+  // peak live of the planned allocations, for the stats
+  std::vector<std::pair<size_t, long long>> delta;
+  for (auto& it : items) {
+    delta.push_back({it.begin, static_cast<long long>(it.size)});
+    delta.push_back({it.end, -static_cast<long long>(it.size)});
+  }
+  std::sort(delta.begin(), delta.end());
+  long long live = 0, peak = 0;
+  for (auto& d : delta) peak = std::max(peak, live += d.second);
+  // The arena is one block of the pool, reserved but not counted as in use: the planned
+  // allocations inside it are.
+  char* base = arena ? static_cast<char*>(allocate(arena, MemTag::other)) : nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (base) {
+    bool found = false;
+    Block* b = live_.take(base, found);
+    live_.insert(base, b);
+    st_.in_use -= b->size;
+    st_.requested -= arena;
+    st_.tags[static_cast<int>(MemTag::other)].in_use -= b->size;
+  }
+  plan_arena_ = base;
+  plan_arena_size_ = arena;
+  for (size_t i = 0; i < items.size(); ++i) plan_[which[i]].offset = items[i].offset;
+  // For each planned allocation, the earlier ones it reuses bytes of must be freed first.
+  for (size_t i = 0; i < items.size(); ++i)
+    for (size_t j = 0; j < items.size(); ++j)
+      if (items[j].end <= items[i].begin && items[j].offset < items[i].offset + items[i].size &&
+          items[i].offset < items[j].offset + items[j].size)
+        plan_[which[i]].must_be_free.push_back(which[j]);
+  plan_st_ = {};
+  plan_st_.active = plan_arena_ != nullptr;
+  plan_st_.arena_bytes = arena;
+  plan_st_.recorded_peak = static_cast<size_t>(peak);
+  plan_st_.planned = items.size();
+  plan_st_.unplanned = plan_.size() - items.size();
+}
+
+void MemoryPool::plan_step_begin() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!plan_arena_) return;
+  plan_thread_ = std::this_thread::get_id();
+  serving_ = true;
+  diverged_ = plan_live_.size() != 0;  // a planned block outlived its step: do not reuse the arena
+  if (diverged_) plan_st_.last_divergence = "a planned block from the previous step is still alive";
+  next_ = 0;
+  freed_.assign(plan_.size(), 0);
+}
+
+void* MemoryPool::plan_serve(size_t rounded, size_t bytes, MemTag tag) {
+  const size_t k = next_++;
+  auto diverge = [&](const std::string& why) -> void* {
+    diverged_ = true;
+    plan_st_.last_divergence = "allocation #" + std::to_string(k) + ": " + why;
+    return nullptr;
+  };
+  if (k >= plan_.size()) return diverge("more allocations than the recorded step");
+  const PlanItem& it = plan_[k];
+  if (it.size != rounded || it.tag != tag)
+    return diverge(std::to_string(rounded) + " B of " + mem_tag_name(tag) + " where the plan has " +
+                   std::to_string(it.size) + " B of " + mem_tag_name(it.tag));
+  if (!it.planned) return nullptr;  // outlives the step: best-fit serves it, the plan goes on
+  for (int j : it.must_be_free)
+    if (!freed_[j]) return diverge("reuses the bytes of allocation #" + std::to_string(j) + ", not yet freed");
+  char* p = plan_arena_ + it.offset;
+  plan_live_.insert(p, static_cast<int>(k));
+  on_alloc(rounded, bytes, tag, p);
+  return p;
+}
+
+void MemoryPool::plan_step_end() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!serving_) return;
+  serving_ = false;
+  if (!diverged_ && next_ != plan_.size()) {
+    diverged_ = true;
+    plan_st_.last_divergence = "the step made " + std::to_string(next_) + " allocations, the plan " +
+                               std::to_string(plan_.size());
+  }
+  if (diverged_) plan_st_.steps_diverged++;
+  else plan_st_.steps_served++;
+}
+
+void MemoryPool::plan_clear() {
+  void* base = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (plan_live_.size()) throw Error("MemoryPool::plan_clear while planned blocks are alive");
+    base = plan_arena_;
+    if (base) {  // give the accounting back before the block is freed
+      bool found = false;
+      Block* b = live_.take(base, found);
+      live_.insert(base, b);
+      st_.in_use += b->size;
+      st_.requested += plan_arena_size_;
+      st_.tags[static_cast<int>(MemTag::other)].in_use += b->size;
+    }
+    plan_arena_ = nullptr;
+    plan_arena_size_ = 0;
+    serving_ = recording_ = false;
+    plan_.clear();
+    plan_st_ = {};
+  }
+  if (base) deallocate(base);
+}
+
+StepPlanStats MemoryPool::plan_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plan_st_;
 }
 
 std::string MemoryPool::describe() const {

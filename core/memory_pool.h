@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/device.h"
@@ -109,6 +110,17 @@ struct ScopeStats {
 
 class AllocTrace;
 
+// Step-planned allocation: what a training step allocates repeats exactly from step to step.
+struct StepPlanStats {
+  bool active = false;          // a plan exists
+  size_t arena_bytes = 0;       // the block its offsets live in
+  size_t recorded_peak = 0;     // peak live bytes of the planned allocations when recorded
+  size_t planned = 0, unplanned = 0;  // allocations of the recorded step served by / outside the plan
+  int64_t steps_served = 0;     // steps served entirely from the plan
+  int64_t steps_diverged = 0;   // steps that left the plan (and fell back to best-fit)
+  std::string last_divergence;  // why, the last time
+};
+
 class MemoryPool {
  public:
   static constexpr size_t kGranularity = 256;
@@ -133,6 +145,19 @@ class MemoryPool {
 
   // Live bytes of `tag` grouped by the site that allocated them (see AllocationSite).
   std::vector<std::pair<std::string, size_t>> live_by_site(MemTag tag) const;
+
+  // Step planning (preallocate and growth modes; only the calling thread's allocations are
+  // recorded and served, so a loader thread allocating at the same time is not disturbed):
+  //   plan_record_begin(); <one step>; plan_record_end();     // pack the step's allocations
+  //   plan_step_begin(); <a step>; plan_step_end();            // serve them in O(1)
+  // An allocation that differs from the recording (size, tag, order, or a block the plan
+  // reuses not yet freed) ends the plan for that step: it and the rest go to best-fit.
+  void plan_record_begin();
+  void plan_record_end();
+  void plan_step_begin();
+  void plan_step_end();
+  void plan_clear();
+  StepPlanStats plan_stats() const;
 
   // Frees regions that are entirely unused (growth mode); returns the bytes released.
   size_t release_unused();
@@ -192,6 +217,26 @@ class MemoryPool {
   std::vector<ScopeStats> scopes_;
   AllocTrace* trace_ = nullptr;
   int64_t step_ = 0;
+
+  // step planning (guarded by mu_)
+  struct PlanItem {
+    size_t size = 0;
+    MemTag tag = MemTag::other;
+    bool planned = false;  // freed within the step: lives in the arena
+    size_t offset = 0;
+    std::vector<int> must_be_free;  // earlier items sharing its bytes
+  };
+  void* plan_serve(size_t rounded, size_t bytes, MemTag tag);
+  std::thread::id plan_thread_;
+  bool recording_ = false, serving_ = false, diverged_ = false;
+  std::vector<PlanItem> plan_;
+  std::vector<std::pair<size_t, size_t>> rec_life_;  // [begin, end) per recorded item
+  detail::PtrMap<int> rec_live_, plan_live_;
+  size_t rec_clock_ = 0, next_ = 0;
+  std::vector<char> freed_;
+  char* plan_arena_ = nullptr;
+  size_t plan_arena_size_ = 0;
+  StepPlanStats plan_st_;
 };
 
 std::string format_bytes(size_t bytes);

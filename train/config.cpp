@@ -226,7 +226,8 @@ std::map<std::string, Section> schema(RunConfig& c) {
           if (!(f > 0 && f <= 1)) fail(l, scalar(n, l) + " is not a memory fraction; use a number in (0, 1], e.g. 0.75");
           mem.fraction = f;
         }},
-        {"bytes", [&](auto& n, auto& l) { mem.bytes = parse_bytes(scalar(n, l), l.where()); }}}},
+        {"bytes", [&](auto& n, auto& l) { mem.bytes = parse_bytes(scalar(n, l), l.where()); }},
+        {"step_plan", [&](auto& n, auto& l) { mem.step_plan = as_bool(n, l); }}}},
   };
 }
 
@@ -295,6 +296,7 @@ std::string emit(const RunConfig& c) {
   if (c.memory.mode) e << YAML::Key << "mode" << YAML::Value << *c.memory.mode;
   if (c.memory.fraction) e << YAML::Key << "fraction" << YAML::Value << *c.memory.fraction;
   if (c.memory.bytes) e << YAML::Key << "bytes" << YAML::Value << *c.memory.bytes;
+  e << YAML::Key << "step_plan" << YAML::Value << c.memory.step_plan;
   e << YAML::EndMap << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }

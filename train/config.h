@@ -93,6 +93,7 @@ struct MemoryConfig {
   std::optional<std::string> mode;   // unset: the device kind's default, then REPLICA_* env
   std::optional<double> fraction;
   std::optional<uint64_t> bytes;
+  bool step_plan = false;  // record step 2's allocations, serve later steps from a packed plan
 };
 
 struct RunConfig {

@@ -437,6 +437,11 @@ FitResult Trainer::fit() {
       st.loader->begin_epoch(epoch, first);
       for (int64_t s = first; s < spe && global_step < total_steps_; ++s) {
         rep.pool().set_step(global_step);
+        // memory.step_plan: the second step of the run is recorded, later ones are served.
+        const int64_t nth = global_step - start_global_step_;
+        const bool plan = cfg_.memory.step_plan && rep.device().kind == DeviceKind::cpu;
+        if (plan && nth == 1) rep.pool().plan_record_begin();
+        if (plan && nth >= 2) rep.pool().plan_step_begin();
         st.step->zero_grad();
         for (int k = 0; k < accumulation_; ++k) {
           data::Batch b = [&] {
@@ -447,6 +452,8 @@ FitResult Trainer::fit() {
         }
         // The schedule advances with applied steps only: a skipped (overflowing) step leaves it.
         StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()));
+        if (plan && nth == 1) rep.pool().plan_record_end();
+        if (plan && nth >= 2) rep.pool().plan_step_end();
         global_step++;
         if (cfg_.parallel.check_every && global_step % cfg_.parallel.check_every == 0)
           parallel::check_replicas_agree(rep.comm(), st.model->params(), global_step);
@@ -604,6 +611,14 @@ FitResult Trainer::fit() {
   int64_t images = 0;
   for (auto& h : result.history) images += h.samples;
   result.images_per_second = images / std::max(train_seconds, 1e-9);
+  if (opts_.print && cfg_.memory.step_plan) {
+    auto ps = group_->replica(0).pool().plan_stats();
+    std::printf("replica: step plan on replica 0: %ld step(s) served, %ld diverged%s; arena %s for %s of peak live "
+                "(%zu planned allocations, %zu outside the plan)\n",
+                (long)ps.steps_served, (long)ps.steps_diverged,
+                ps.last_divergence.empty() ? "" : (" (last: " + ps.last_divergence + ")").c_str(),
+                format_bytes(ps.arena_bytes).c_str(), format_bytes(ps.recorded_peak).c_str(), ps.planned, ps.unplanned);
+  }
   if (opts_.print) {
     if (states_[0].scaler) std::printf("replica: %ld of %ld steps skipped for overflow\n", (long)result.skipped, (long)result.steps);
     std::printf("replica: %ld steps in %.1f s (%.0f img/s training); model saved to %s/model.bin, metrics in %s\n",

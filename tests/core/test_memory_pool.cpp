@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "core/alloc_trace.h"
 #include "core/errors.h"
@@ -323,4 +324,113 @@ TEST(PtrMap, MatchesAReferenceMapUnderChurn) {
     n++;
   });
   EXPECT_EQ(n, ref.size());
+}
+
+namespace {
+// One "training step": nested lifetimes like forward/backward, plus one block that outlives it.
+struct StepOp {
+  bool alloc;
+  int id;
+  size_t bytes;
+};
+std::vector<StepOp> make_step(uint32_t seed, int n) {
+  std::mt19937 rng(seed);
+  std::vector<StepOp> ops;
+  std::vector<int> open;
+  int id = 0;
+  for (int i = 0; i < n; ++i) {
+    if (open.empty() || rng() % 3 != 0) {
+      ops.push_back({true, id, 256 + rng() % (4 << 20)});
+      open.push_back(id++);
+    } else {
+      size_t pick = rng() % open.size();
+      ops.push_back({false, open[pick], 0});
+      open.erase(open.begin() + pick);
+    }
+  }
+  for (size_t i = 1; i < open.size(); ++i) ops.push_back({false, open[i], 0});  // open[0] outlives the step
+  return ops;
+}
+}  // namespace
+
+TEST(StepPlan, ServesRepeatedStepsWithoutOverlapAndFallsBackOnDivergence) {
+  auto pool = sim_pool(AllocatorMode::preallocate, size_t(2) << 30);
+  auto step = make_step(11, 400);
+  std::map<uintptr_t, size_t> live;  // reference: every live block, planned or not
+  std::vector<void*> survivors;
+  size_t survivor_bytes = 0;
+  std::map<int, size_t> bytes_of;
+  for (auto& op : step)
+    if (op.alloc) bytes_of[op.id] = op.bytes;
+  auto run = [&](const std::vector<StepOp>& ops) {
+    std::map<int, void*> ptr;
+    for (auto& op : ops) {
+      if (op.alloc) {
+        void* p = pool->allocate(op.bytes, MemTag::activations);
+        auto a = reinterpret_cast<uintptr_t>(p);
+        size_t r = round256(op.bytes);
+        auto next = live.lower_bound(a);
+        if (next != live.end()) {
+          ASSERT_GE(next->first, a + r) << "overlap";
+        }
+        if (next != live.begin()) {
+          ASSERT_LE(std::prev(next)->first + std::prev(next)->second, a) << "overlap";
+        }
+        live[a] = r;
+        ptr[op.id] = p;
+      } else {
+        live.erase(reinterpret_cast<uintptr_t>(ptr[op.id]));
+        pool->deallocate(ptr[op.id]);
+        ptr.erase(op.id);
+      }
+    }
+    for (auto& [id, p] : ptr) {  // the block that outlives the step
+      survivors.push_back(p);
+      survivor_bytes += round256(bytes_of.at(id));
+    }
+  };
+  run(step);  // warm-up
+  pool->plan_record_begin();
+  run(step);
+  pool->plan_record_end();
+  auto st = pool->plan_stats();
+  ASSERT_TRUE(st.active);
+  EXPECT_EQ(st.unplanned, 1u) << "the block that outlives the step is not planned";
+  // greedy packing of this random pattern stays within 5% of its peak live bytes (2.0% measured;
+  // the recorded ResNet-50 step in bench/RESULTS.md packs to 1.000x)
+  EXPECT_LE(st.arena_bytes, st.recorded_peak * 105 / 100);
+  const size_t in_use_before = pool->stats().in_use;
+  survivor_bytes = 0;
+  for (int s = 0; s < 4; ++s) {
+    pool->plan_step_begin();
+    // another thread allocating meanwhile (the loader) is served by best-fit and disturbs nothing
+    std::thread other([&] { pool->deallocate(pool->allocate(12345, MemTag::data)); });
+    run(step);
+    other.join();
+    pool->plan_step_end();
+  }
+  st = pool->plan_stats();
+  EXPECT_EQ(st.steps_served, 4);
+  EXPECT_EQ(st.steps_diverged, 0);
+  EXPECT_EQ(pool->stats().in_use, in_use_before + survivor_bytes) << "only the survivors stay";
+  // a step that differs: allocation #5 asks for another size
+  auto odd = step;
+  int allocs = 0;
+  for (auto& op : odd)
+    if (op.alloc && allocs++ == 5) op.bytes += 4096;
+  pool->plan_step_begin();
+  run(odd);
+  pool->plan_step_end();
+  st = pool->plan_stats();
+  EXPECT_EQ(st.steps_diverged, 1);
+  EXPECT_NE(st.last_divergence.find("allocation #5"), std::string::npos) << st.last_divergence;
+  // and the plan serves the next regular step again
+  pool->plan_step_begin();
+  run(step);
+  pool->plan_step_end();
+  EXPECT_EQ(pool->plan_stats().steps_served, 5);
+  for (void* p : survivors) pool->deallocate(p);
+  pool->plan_clear();
+  EXPECT_EQ(pool->stats().in_use, 0u);
+  EXPECT_EQ(pool->stats().largest_free, size_t(2) << 30) << "everything coalesces back after the plan is cleared";
 }
