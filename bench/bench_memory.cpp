@@ -13,6 +13,7 @@
 #include "core/pools.h"
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
+#include "train/memplan.h"
 #include "train/trainer.h"
 
 using namespace replica;
@@ -94,6 +95,34 @@ int main() {
                 blocks.activations / 1048576.0, blocks.seconds, double(blocks.activations) / none.activations,
                 blocks.seconds / none.seconds);
   }
+
+  std::printf("\n# planner (replica memplan) against the measured peak of 3 real training steps, one replica\n");
+  struct PlanCase {
+    const char* name;
+    std::vector<std::string> sets;
+  };
+  std::vector<std::string> r50 = {"model.arch=resnet50", "data.dataset=synthetic", "data.synthetic_shape=[224,224,3]",
+                                  "data.synthetic_classes=1000", "data.synthetic_size=64", "data.mean=[0.5,0.5,0.5]",
+                                  "data.std=[0.25,0.25,0.25]", "train.global_batch=24", "train.micro_batch=24"};
+  std::vector<std::string> r20 = {"data.dataset=synthetic", "data.synthetic_size=512", "data.mean=[0.5]",
+                                  "data.std=[0.25]", "train.global_batch=128", "train.micro_batch=128"};
+  for (auto& [name, base] : std::vector<std::pair<std::string, std::vector<std::string>>>{{"resnet20 28x28 micro 128", r20},
+                                                                                          {"resnet50 224x224 micro 24", r50}})
+    for (const char* prec : {"fp32", "fp16"}) {
+      auto sets = base;
+      for (const char* x : {"train.max_steps=3", "train.eval=false", "train.tensorboard=false", "checkpoint.every_epochs=0",
+                            "train.run_dir=runs/bench-memplan", "parallel.devices=cpu:1", "memory.mode=growth"})
+        sets.push_back(x);
+      sets.push_back(std::string("train.precision=") + prec);
+      auto cfg = train::parse_config("", "bench", sets);
+      auto plan = train::plan_memory(cfg);
+      train::Trainer t(cfg, {.print = false, .on_step = nullptr});
+      t.fit();
+      double measured = static_cast<double>(t.group().replica(0).pool().stats().peak_in_use);
+      std::printf("  %-28s %-5s predicted %8.1f MiB, measured %8.1f MiB  (%+.2f%%)\n", name.c_str(), prec,
+                  plan.peak_bytes / 1048576.0, measured / 1048576.0, 100.0 * (plan.peak_bytes - measured) / measured);
+      std::fflush(stdout);
+    }
 
   std::printf("\n# fixed pool: global batch 128 of ResNet-20 on one replica, synthetic 28x28x1 data\n");
   // Size the pool from a micro-batch-32 run, with 25% headroom.
