@@ -143,6 +143,11 @@ TEST(Cli, SigtermCheckpointsExitsCleanlyAndResumes) {
                " --set train.global_batch=64 --set train.log_every=1 --set train.epochs=2 --set train.max_steps=12");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resumed from " + dir + "/checkpoints/step-"), std::string::npos) << r.out;
+  // a checkpoint evaluates with the configuration it carries
+  auto e = run("eval --devices cpu:1 --checkpoint " + dir);
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("accuracy"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("(500 images)"), std::string::npos) << e.out;
 }
 
 TEST(Cli, AllocationTraceReplaysAgainstEveryPolicy) {
