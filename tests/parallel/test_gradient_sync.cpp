@@ -65,3 +65,27 @@ TEST(GradientSync, AveragesAcrossReplicasAndLaunchesDuringBackward) {
   for (auto& t : ts) t.join();
   EXPECT_GT(early[0], 1) << "buckets start during backward, not all at finish()";
 }
+
+TEST(GradientSync, DivergedReplicasAreAnErrorNamingTheRank) {
+  const int world = 3;
+  auto comms = make_host_communicators(world);
+  std::vector<std::thread> ts;
+  std::vector<std::string> errors(world);
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto pool = make_pool({DeviceKind::cpu, r}, PoolOptions{});
+      Tensor p = Tensor::zeros(*pool, {1000}, DType::f32, MemTag::params);
+      check_replicas_agree(*comms[r], p, 7);  // identical: fine
+      if (r == 2) p.data<float>()[500] = 1e-30f;  // one replica drifts by one value
+      try {
+        check_replicas_agree(*comms[r], p, 8);
+      } catch (const TrainingError& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_NE(errors[r].find("diverged at step 8"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("rank(s) 2"), std::string::npos) << errors[r];
+  }
+}
