@@ -114,6 +114,22 @@ void for_chunks(int64_t nchunks, int threads, F&& fn) {
   for (int64_t c = 0; c < nchunks; ++c) fn(c, 0);
 }
 
+// The chunking every convolution pass shares: chunk size, thread count, and one column buffer per
+// thread (none for the pointwise fast path).
+struct ChunkPlan {
+  ChunkPlan(const ConvGeom& g, MemoryPool& ws)
+      : RSC(g.R * g.S * g.C), PQ(g.P * g.Q), chunk(chunk_images(g)), nchunks((g.N + chunk - 1) / chunk),
+        threads(std::min<int>(intra_op_threads(), static_cast<int>(nchunks))), pointwise(is_pointwise(g)) {
+    for (int t = 0; t < (pointwise ? 0 : threads); ++t)
+      cols.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float)));
+  }
+  float* col(int thread) const { return cols[thread]->p; }
+  const int64_t RSC, PQ, chunk, nchunks;
+  const int threads;
+  const bool pointwise;
+  std::vector<std::unique_ptr<Workspace>> cols;
+};
+
 }  // namespace
 
 // Each convolution walks the batch in chunks of whole images: im2col of the chunk into a
@@ -132,20 +148,15 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   }
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
-  const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
-  const int64_t chunk = chunk_images(g), nchunks = (g.N + chunk - 1) / chunk;
-  const int T = std::min<int>(intra_op_threads(), static_cast<int>(nchunks));
-  const bool pw = is_pointwise(g);
-  std::vector<std::unique_ptr<Workspace>> cols;
-  for (int t = 0; t < (pw ? 0 : T); ++t)
-    cols.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float)));
+  const ChunkPlan cp(g, ws);
+  const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   CMapR W(w.data<float>(), g.K, RSC);
-  for_chunks(nchunks, T, [&](int64_t c, int t) {
+  for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
     const float* a = x.data<float>() + n0 * PQ * g.C;
-    if (!pw) {
-      im2col(x.data<float>(), cols[t]->p, g, n0, nb);
-      a = cols[t]->p;
+    if (!cp.pointwise) {
+      im2col(x.data<float>(), cp.col(t), g, n0, nb);
+      a = cp.col(t);
     }
     MapR Y(y.data<float>() + n0 * PQ * g.K, nb * PQ, g.K);
     Y.noalias() = CMapR(a, nb * PQ, RSC) * W.transpose();
@@ -165,24 +176,19 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
   }
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
-  const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
-  const int64_t chunk = chunk_images(g), nchunks = (g.N + chunk - 1) / chunk;
-  const int T = std::min<int>(intra_op_threads(), static_cast<int>(nchunks));
-  const bool pw = is_pointwise(g);
-  std::vector<std::unique_ptr<Workspace>> cols;
-  for (int t = 0; t < (pw ? 0 : T); ++t)
-    cols.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float)));
+  const ChunkPlan cp(g, ws);
+  const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   CMapR W(w.data<float>(), g.K, RSC);
-  for_chunks(nchunks, T, [&](int64_t c, int t) {
+  for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
     CMapR DY(dy.data<float>() + n0 * PQ * g.K, nb * PQ, g.K);
-    if (pw) {
+    if (cp.pointwise) {
       MapR(dx.data<float>() + n0 * PQ * g.C, nb * PQ, g.C).noalias() = DY * W;
       return;
     }
     std::memset(dx.data<float>() + n0 * g.H * g.W * g.C, 0, static_cast<size_t>(nb * g.H * g.W * g.C) * sizeof(float));
-    MapR(cols[t]->p, nb * PQ, RSC).noalias() = DY * W;
-    col2im(cols[t]->p, dx.data<float>(), g, n0, nb);
+    MapR(cp.col(t), nb * PQ, RSC).noalias() = DY * W;
+    col2im(cp.col(t), dx.data<float>(), g, n0, nb);
   });
 }
 
@@ -199,26 +205,22 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
-  const int64_t RSC = g.R * g.S * g.C, PQ = g.P * g.Q;
-  const int64_t chunk = chunk_images(g), nchunks = (g.N + chunk - 1) / chunk;
-  const int T = std::min<int>(intra_op_threads(), static_cast<int>(nchunks));
-  const bool pw = is_pointwise(g);
-  // One column buffer per thread, and with several threads one partial dW each, summed in thread
-  // order at the end (deterministic for a given thread count).
-  std::vector<std::unique_ptr<Workspace>> cols, partial;
-  for (int t = 0; t < T; ++t) {
-    if (!pw) cols.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float)));
-    if (T > 1) {
-      partial.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(g.K * RSC) * sizeof(float)));
-      std::memset(partial.back()->p, 0, static_cast<size_t>(g.K * RSC) * sizeof(float));
-    }
+  const ChunkPlan cp(g, ws);
+  const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
+  const int T = cp.threads;
+  // With several threads, one partial dW each, summed in thread order at the end (deterministic
+  // for a given thread count).
+  std::vector<std::unique_ptr<Workspace>> partial;
+  for (int t = 0; t < (T > 1 ? T : 0); ++t) {
+    partial.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(g.K * RSC) * sizeof(float)));
+    std::memset(partial.back()->p, 0, static_cast<size_t>(g.K * RSC) * sizeof(float));
   }
-  for_chunks(nchunks, T, [&](int64_t c, int t) {
+  for_chunks(cp.nchunks, T, [&](int64_t c, int t) {
     const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
     const float* a = x.data<float>() + n0 * PQ * g.C;
-    if (!pw) {
-      im2col(x.data<float>(), cols[t]->p, g, n0, nb);
-      a = cols[t]->p;
+    if (!cp.pointwise) {
+      im2col(x.data<float>(), cp.col(t), g, n0, nb);
+      a = cp.col(t);
     }
     MapR DW(T > 1 ? partial[t]->p : dw.data<float>(), g.K, RSC);
     DW.noalias() += CMapR(dy.data<float>() + n0 * PQ * g.K, nb * PQ, g.K).transpose() * CMapR(a, nb * PQ, RSC);
