@@ -35,12 +35,16 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
   const int R = static_cast<int>(devices.size());
   parallel::GroupOptions go;
   go.cpu_pool.bytes = o.max_bytes * 2 + (64 << 20);
+  go.cuda_pool.mode = AllocatorMode::growth;  // take what the buffers need, not 75% of each GPU
+  go.cuda_pool.bytes = o.max_bytes * 2 + (64 << 20);
   parallel::ReplicaGroup group(devices, go);
   const int W = group.world();  // all ranks, over all processes under mpirun
   const bool lead = group.lead_process();
-  const std::string kind = group.processes() > 1 ? "MPI between " + std::to_string(group.processes()) +
-                                                       " processes, shared memory inside each"
-                                                 : "host communicator (shared memory)";
+  const std::string kind = group.replica(0).comm().name() == "nccl"
+                               ? "NCCL"
+                               : group.processes() > 1 ? "MPI between " + std::to_string(group.processes()) +
+                                                             " processes, shared memory inside each"
+                                                       : "host communicator (shared memory)";
   if (lead) {
     std::printf("# replica bench allreduce: %d ranks (%s per process), %s, f32 sum\n", W, o.devices.c_str(),
                 kind.c_str());
@@ -56,22 +60,30 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
     std::vector<double> times(R);
     std::vector<int64_t> wrong(R);
     group.run([&](parallel::Replica& rep) {
-      std::vector<float> buf(count);
+      // The buffer lives on the replica's device (host memory or GPU memory alike).
+      Tensor buf = Tensor::empty(rep.pool(), {static_cast<int64_t>(count)}, DType::f32, MemTag::comm);
+      std::vector<float> host(count);
+      const Device cpu{DeviceKind::cpu, 0};
       auto fill = [&] {
-        for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((i % 7) + rep.rank());  // global rank
+        for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((i % 7) + rep.rank());  // global rank
+        copy_tensor(Tensor::wrap(host.data(), buf.shape(), DType::f32, cpu), buf, &rep.stream());
+        rep.stream().synchronize();
       };
-      for (int i = 0; i < o.warmup; ++i) rep.comm().all_reduce(buf.data(), count, DType::f32, parallel::ReduceOp::sum);
+      fill();
+      for (int i = 0; i < o.warmup; ++i) rep.comm().all_reduce(buf.raw(), count, DType::f32, parallel::ReduceOp::sum);
       rep.comm().barrier();
       auto t0 = Clock::now();
-      for (int i = 0; i < o.iters; ++i) rep.comm().all_reduce(buf.data(), count, DType::f32, parallel::ReduceOp::sum);
-      times[rep.rank()] = std::chrono::duration<double>(Clock::now() - t0).count() / o.iters;
+      for (int i = 0; i < o.iters; ++i) rep.comm().all_reduce(buf.raw(), count, DType::f32, parallel::ReduceOp::sum);
+      times[rep.local_index()] = std::chrono::duration<double>(Clock::now() - t0).count() / o.iters;
       if (o.check) {  // correctness on a fresh buffer: sum over ranks of (i % 7 + r)
         fill();
-        rep.comm().all_reduce(buf.data(), count, DType::f32, parallel::ReduceOp::sum);
+        rep.comm().all_reduce(buf.raw(), count, DType::f32, parallel::ReduceOp::sum);
+        copy_tensor(buf, Tensor::wrap(host.data(), buf.shape(), DType::f32, cpu), &rep.stream());
+        rep.stream().synchronize();
         int64_t bad = 0;
         for (size_t i = 0; i < count; ++i)
-          bad += buf[i] != static_cast<float>(W * (i % 7) + W * (W - 1) / 2);
-        wrong[rep.rank()] = bad;
+          bad += host[i] != static_cast<float>(W * (i % 7) + W * (W - 1) / 2);
+        wrong[rep.local_index()] = bad;
       }
     });
     double t = 0;

@@ -9,18 +9,34 @@
 #include "core/pools.h"
 #include "parallel/host/host_communicator.h"
 #include "parallel/mpi/mpi_communicator.h"
+#include "parallel/nccl/nccl_communicator.h"
 
 namespace replica::parallel {
 
 ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts) : pin_(opts.pin_threads) {
   if (devices.empty()) throw ConfigError("parallel.devices: no devices given");
-  bool any_cuda = false;
-  for (auto& d : devices) any_cuda |= d.kind == DeviceKind::cuda;
-  if (any_cuda)
-    throw ConfigError("parallel.devices: GPU replicas need the NCCL communicator, which this build "
-                      "does not have yet; use cpu:N");
+  int cuda_count = 0;
+  for (auto& d : devices) cuda_count += d.kind == DeviceKind::cuda;
+  if (cuda_count && cuda_count != static_cast<int>(devices.size()))
+    throw ConfigError("parallel.devices: mixing CPU and GPU replicas in one group is not supported");
+  // Streams first: NCCL orders its collectives after each replica's compute stream.
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<Stream*> stream_ptrs;
+  for (auto& d : devices) {
+    streams.push_back(make_stream(d));
+    stream_ptrs.push_back(streams.back().get());
+  }
   std::vector<std::unique_ptr<Communicator>> comms;
-  if (launched_by_mpi()) {
+  if (cuda_count) {
+    NcclOptions no;
+    no.timeout = opts.comm_timeout;
+    comms = make_nccl_communicators(devices, stream_ptrs, no);
+    if (launched_by_mpi()) {
+      auto p = mpi_process();
+      process_rank_ = p.rank;
+      processes_ = p.size;
+    }
+  } else if (launched_by_mpi()) {
     MpiCommOptions mo;
     mo.timeout = opts.comm_timeout;
     comms = make_mpi_communicators(static_cast<int>(devices.size()), mo);
@@ -45,7 +61,7 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     rep->rank_ = comms[r]->rank();
     rep->device_ = devices[r];
     rep->pool_ = make_pool(devices[r], devices[r].kind == DeviceKind::cpu ? opts.cpu_pool : opts.cuda_pool);
-    rep->stream_ = make_stream(devices[r]);
+    rep->stream_ = std::move(streams[r]);
     rep->comm_ = std::move(comms[r]);
     replicas_.push_back(std::move(rep));
   }

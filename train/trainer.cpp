@@ -72,6 +72,11 @@ PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {
 
 Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
   auto devices = parse_devices(cfg_.parallel.devices);
+  for (auto& d : devices)
+    if (d.kind == DeviceKind::cuda)
+      throw ConfigError("parallel.devices: " + cfg_.parallel.devices + ": training on GPUs needs the CUDA op backend "
+                        "(cuDNN/cuBLAS kernels), which this build does not have yet; train with --devices cpu:N. "
+                        "`replica bench allreduce --devices cuda:0,1` runs NCCL already.");
   parallel::GroupOptions go;
   go.cpu_pool = pool_options(cfg_.memory, DeviceKind::cpu);
   go.cuda_pool = pool_options(cfg_.memory, DeviceKind::cuda);

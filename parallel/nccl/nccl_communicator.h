@@ -1,0 +1,31 @@
+// NCCL between GPU replicas: all local GPUs of a process (ncclCommInitAll), or every GPU of an
+// MPI job (the unique id from global rank 0, broadcast over MPI, then ncclCommInitRank), one
+// communicator spanning them all. Collectives run on a communication stream per replica that first
+// waits for the replica's compute stream, so a bucket's all-reduce starts as soon as backward has
+// produced it (llm.c's overlap). Waiting polls NCCL's asynchronous error state; a failure or a
+// time-out aborts the communicator (ncclCommAbort) and raises CommError naming the rank.
+// Declared without CUDA headers.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "core/device.h"
+#include "core/stream.h"
+#include "parallel/communicator.h"
+
+namespace replica::parallel {
+
+bool nccl_compiled();
+
+struct NcclOptions {
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// One communicator per local GPU replica; compute_streams[i] (may be null) orders collectives
+// after replica i's compute work.
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<Device>& devices,
+                                                                   const std::vector<Stream*>& compute_streams,
+                                                                   NcclOptions o = {});
+
+}  // namespace replica::parallel

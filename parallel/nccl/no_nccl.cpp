@@ -1,0 +1,14 @@
+// Built without CUDA: GPU replicas cannot communicate, and say so.
+#include "core/errors.h"
+#include "parallel/nccl/nccl_communicator.h"
+
+namespace replica::parallel {
+
+bool nccl_compiled() { return false; }
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<Device>&,
+                                                                   const std::vector<Stream*>&, NcclOptions) {
+  throw CommError("GPU replicas need NCCL, and this replica was built without CUDA; rebuild with -DREPLICA_CUDA=ON");
+}
+
+}  // namespace replica::parallel
