@@ -157,15 +157,27 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
   const float* mean = save_mean.data<float>();
   const float* inv = save_invstd.data<float>();
   std::vector<double> acc(2 * C + 1, 0.0);  // sum dy, sum dy*xhat, count
-  channel_sums(M, C, acc, 0, [&](int64_t i, float* part) {
-    const float* g = pdy + i * C;
-    for (int64_t c = 0; c < C; ++c) part[c] += g[c];
-  });
-  channel_sums(M, C, acc, C, [&](int64_t i, float* part) {
-    const float* g = pdy + i * C;
-    const float* r = px + i * C;
-    for (int64_t c = 0; c < C; ++c) part[c] += g[c] * (r[c] - mean[c]) * inv[c];
-  });
+  {
+    // One pass over x and dy for both sums (f32 partials per 32 rows, folded into double).
+    std::vector<float> p1(C), p2(C);
+    for (int64_t i0 = 0; i0 < M; i0 += 32) {
+      std::fill(p1.begin(), p1.end(), 0.f);
+      std::fill(p2.begin(), p2.end(), 0.f);
+      const int64_t i1 = std::min(M, i0 + 32);
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* g = pdy + i * C;
+        const float* r = px + i * C;
+        for (int64_t c = 0; c < C; ++c) {
+          p1[c] += g[c];
+          p2[c] += g[c] * (r[c] - mean[c]) * inv[c];
+        }
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        acc[c] += p1[c];
+        acc[C + c] += p2[c];
+      }
+    }
+  }
   for (int64_t c = 0; c < C; ++c) {
     dbeta.data<float>()[c] += static_cast<float>(acc[c]);
     dgamma.data<float>()[c] += static_cast<float>(acc[C + c]);
