@@ -124,15 +124,15 @@ int bench_train(const TrainBenchOptions& o) {
     sets.push_back("train.max_steps=" + std::to_string(o.steps + o.warmup));
     sets.push_back("train.eval=false");
     sets.push_back("train.run_dir=runs/bench-train");
+    sets.push_back("train.tensorboard=false");
     auto cfg = train::load_config(o.config, sets);
     std::vector<Clock::time_point> stamps;
     train::Trainer trainer(cfg, {.print = false, .on_step = [&](const train::StepStatus&) { stamps.push_back(Clock::now()); }});
-    auto res = trainer.fit();
+    trainer.fit();
     if (!lead) continue;  // steps are reported on global rank 0 only
     if (static_cast<int64_t>(stamps.size()) <= o.warmup) throw Error("bench train: too few steps ran");
     const double dt = std::chrono::duration<double>(stamps.back() - stamps[o.warmup]).count();
     const double ips = static_cast<double>(stamps.size() - 1 - o.warmup) * cfg.train.global_batch / dt;
-    (void)res;
     const int world = trainer.replicas();
     if (base == 0) {  // the first row is the baseline (1 replica by default)
       base = ips;
