@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/checksum.h"
 #include "core/errors.h"
 
 namespace replica::parallel {
@@ -99,9 +100,7 @@ void broadcast_from_root(Communicator& comm, Tensor& t) {
 void check_replicas_agree(Communicator& comm, const Tensor& params, int64_t step) {
   if (comm.size() == 1) return;
   // FNV-1a over the bytes, folded into two exactly representable floats.
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(params.raw());
-  for (size_t i = 0; i < params.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  const uint64_t h = fnv1a(params.raw(), params.nbytes());
   float mine[2] = {static_cast<float>(h & 0xffffff), static_cast<float>((h >> 24) & 0xffffff)};
   std::vector<float> all(2 * comm.size());
   comm.all_gather(mine, all.data(), 2, DType::f32);

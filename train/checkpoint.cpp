@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/alloc_trace.h"
+#include "core/checksum.h"
 #include "core/errors.h"
 
 namespace replica::train {
@@ -15,11 +16,6 @@ namespace replica::train {
 namespace {
 constexpr char kMagic[8] = {'R', 'P', 'L', 'C', 'K', 'P', 'T', '\0'};
 
-uint64_t fnv(const char* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ull;
-  return h;
-}
 template <typename T>
 void put(std::string& s, T v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof(T));
@@ -60,7 +56,7 @@ void write_checkpoint(const Checkpoint& c, const std::string& path) {
     put<uint32_t>(out, static_cast<uint32_t>(name.size()));
     out += name;
     put<uint64_t>(out, payload.size());
-    put<uint64_t>(out, fnv(payload.data(), payload.size()));
+    put<uint64_t>(out, fnv1a(payload.data(), payload.size()));
     out += payload;
   }
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
@@ -99,7 +95,7 @@ Checkpoint read_checkpoint(const std::string& path) {
     std::memcpy(&sum, data.data() + off + 8, 8);
     off += 16;
     need(size, "section '" + name + "'");
-    if (fnv(data.data() + off, size) != sum)
+    if (fnv1a(data.data() + off, size) != sum)
       throw IoError(path + ": section '" + name + "' is corrupt (checksum mismatch)");
     c.sections[name] = data.substr(off, size);
     off += size;

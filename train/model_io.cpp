@@ -6,16 +6,12 @@
 #include <sstream>
 
 #include "core/alloc_trace.h"
+#include "core/checksum.h"
 #include "core/errors.h"
 
 namespace replica::train {
 
 namespace {
-uint64_t fnv(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 template <typename T>
 void put(std::string& s, const T& v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof(T));
@@ -30,7 +26,7 @@ void save_model(const nn::Model& model, const Tensor& params, const Tensor& buff
   put<int64_t>(s, model.num_buffers());
   s.append(static_cast<const char*>(params.raw()), static_cast<size_t>(model.num_params()) * 4);
   s.append(static_cast<const char*>(buffers.raw()), static_cast<size_t>(model.num_buffers()) * 4);
-  put<uint64_t>(s, fnv(s));
+  put<uint64_t>(s, fnv1a(s.data(), s.size()));
   write_file_atomic(path, s);
 }
 
@@ -44,7 +40,7 @@ void load_model(nn::Model& model, const std::string& path) {
     throw IoError(path + ": not a replica model file (bad magic or too short)");
   uint64_t want;
   std::memcpy(&want, s.data() + s.size() - 8, 8);
-  if (fnv(s.substr(0, s.size() - 8)) != want)
+  if (fnv1a(s.data(), s.size() - 8) != want)  // no copy of the file
     throw IoError(path + ": checksum mismatch: the file is corrupt or truncated");
   size_t off = 8;
   uint32_t nlen;
