@@ -104,6 +104,8 @@ MemPlan plan_memory(const RunConfig& cfg, int64_t micro) {
   p.fits = p.peak_bytes + p.overhead_bytes <= static_cast<double>(p.capacity);
   // Largest micro-batch under the capacity (linear, so solve it), then the largest that divides.
   const double per = peak_at(2) - peak_at(1), base = peak_at(0);
+  p.peak_base = base;
+  p.peak_per_sample = per;
   p.max_micro_batch = per > 0 ? static_cast<int64_t>(std::floor((static_cast<double>(p.capacity) - base) / per)) : micro;
   p.max_micro_batch = std::max<int64_t>(0, p.max_micro_batch);
   const int64_t per_replica = cfg.train.global_batch / R;

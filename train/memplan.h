@@ -28,6 +28,8 @@ struct MemPlan {
   int64_t max_micro_batch = 0;   // the largest micro-batch that fits (0: not even 1)
   int64_t best_micro_batch = 0;  // the largest that fits and divides global_batch / replicas
   int accumulation = 0;          // accumulation steps with best_micro_batch
+  double peak_base = 0, peak_per_sample = 0;  // the fit: peak(b) = base + per_sample * b
+  double peak_for(int64_t b) const { return peak_base + peak_per_sample * static_cast<double>(b); }
   std::string report() const;
 };
 

@@ -96,7 +96,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     if (opts_.print)
       std::printf("replica: micro_batch auto: %ld fits (largest %ld; predicted peak %.1f MiB of %s), %d accumulation step(s)\n",
                   (long)plan.best_micro_batch, (long)plan.max_micro_batch,
-                  plan_memory(cfg_, plan.best_micro_batch).peak_bytes / 1048576.0, plan.pool.c_str(), plan.accumulation);
+                  plan.peak_for(plan.best_micro_batch) / 1048576.0, plan.pool.c_str(), plan.accumulation);
   }
   micro_ = cfg_.train.micro_batch ? cfg_.train.micro_batch : B / R;
   if (micro_ < 1 || B % (micro_ * R) != 0)
