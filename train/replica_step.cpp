@@ -2,6 +2,7 @@
 #include "train/replica_step.h"
 
 #include <cmath>
+#include <optional>
 
 #include "core/errors.h"
 #include "core/log.h"
@@ -32,7 +33,8 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   sync_->begin(last);
   ctx.on_grads_ready = [this](int first, int count) { sync_->ready(first, count); };
   const int track = 2 * rep_.rank();
-  auto fwd = std::make_unique<Timeline::Scope>(o_.timeline, track, "forward", "compute");
+  std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
+  fwd.emplace(o_.timeline, track, "forward", "compute");
   Tensor logits = model_.forward(ctx, images);
   Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);  // softmax in f32
   auto r = be.softmax_xent_forward(logits, labels, probs);

@@ -35,6 +35,30 @@ bool have_fashion_mnist() {
   return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
 }
 
+// Starts the replica binary with `args`, stdout and stderr into `log`; returns its pid.
+pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    dup2(fileno(f), 1);
+    dup2(fileno(f), 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(kBin.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for it; returns the exit status and what it printed.
+std::pair<int, std::string> reap(pid_t pid, const std::string& log) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::ifstream in(log);
+  return {status, std::string((std::istreambuf_iterator<char>(in)), {})};
+}
+
 }  // namespace
 
 TEST(Cli, TrainsAndTheLossFallsThenEvaluates) {
@@ -106,18 +130,8 @@ TEST(Cli, SigtermCheckpointsExitsCleanlyAndResumes) {
                                          "--set", "model.width=8", "--set", "data.limit_train=8192",
                                          "--set", "data.limit_test=500", "--set", "train.global_batch=64",
                                          "--set", "train.log_every=1", "--set", "train.epochs=2"};
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    FILE* f = std::fopen(log.c_str(), "w");
-    dup2(fileno(f), 1);
-    dup2(fileno(f), 2);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(kBin.c_str(), argv.data());
-    _exit(127);
-  }
+  pid_t pid = spawn(args, log);
+  ASSERT_GT(pid, 0);
   // wait until it has trained a few steps
   for (int i = 0; i < 600; ++i) {
     std::ifstream m(dir + "/metrics.jsonl");
@@ -128,10 +142,7 @@ TEST(Cli, SigtermCheckpointsExitsCleanlyAndResumes) {
     usleep(50 * 1000);
   }
   kill(pid, SIGTERM);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  std::ifstream in(log);
-  std::string out((std::istreambuf_iterator<char>(in)), {});
+  auto [status, out] = reap(pid, log);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
   EXPECT_NE(out.find("stopped by signal 15"), std::string::npos) << out;
@@ -175,18 +186,8 @@ TEST(Cli, ASecondSignalExitsAtOnce) {
                                          "--set", "data.dataset=synthetic",
                                          "--set", "data.mean=[0.5]", "--set", "data.std=[0.25]",
                                          "--set", "data.synthetic_size=20000", "--set", "train.log_every=1"};
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    FILE* f = std::fopen(log.c_str(), "w");
-    dup2(fileno(f), 1);
-    dup2(fileno(f), 2);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(kBin.c_str(), argv.data());
-    _exit(127);
-  }
+  pid_t pid = spawn(args, log);
+  ASSERT_GT(pid, 0);
   for (int i = 0; i < 600 && !std::filesystem::exists(dir + "/metrics.jsonl"); ++i) usleep(50 * 1000);
   usleep(300 * 1000);
   // Signals of one kind do not queue: the second must come after the first was handled, and
@@ -194,10 +195,7 @@ TEST(Cli, ASecondSignalExitsAtOnce) {
   kill(pid, SIGINT);
   usleep(30 * 1000);
   kill(pid, SIGINT);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  std::ifstream in(log);
-  std::string out((std::istreambuf_iterator<char>(in)), {});
+  auto [status, out] = reap(pid, log);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << out;
   EXPECT_NE(out.find("second signal, exiting now"), std::string::npos) << out;

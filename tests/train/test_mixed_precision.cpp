@@ -219,6 +219,16 @@ class Hoarder : public nn::Layer {
 };
 }  // namespace
 
+void three_steps(parallel::Replica& rep, train::ReplicaStep& rs) {
+  Tensor x, y;
+  random_batch(rep.pool(), 4, 1, x, y);
+  for (int s = 0; s < 3; ++s) {
+    rs.zero_grad();
+    rs.micro_step(x, y, true);
+    rs.apply(0.01f);
+  }
+}
+
 TEST(Diagnostics, APlantedLeakIsNamedWithItsLayer) {
   parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
   group.run([&](parallel::Replica& rep) {
@@ -231,13 +241,7 @@ TEST(Diagnostics, APlantedLeakIsNamedWithItsLayer) {
     model.materialize(rep.pool(), 1);
     optim::Sgd sgd(model.registry(), model.num_params(), rep.pool(), {});
     train::ReplicaStep rs(rep, model, sgd, {.accumulation = 1, .micro_batch = 4});
-    Tensor x, y;
-    random_batch(rep.pool(), 4, 1, x, y);
-    for (int s = 0; s < 3; ++s) {
-      rs.zero_grad();
-      rs.micro_step(x, y, true);
-      rs.apply(0.01f);
-    }
+    three_steps(rep, rs);
     const std::string& r = rs.leak_report();
     EXPECT_NE(r.find("activations grew"), std::string::npos) << r;
     EXPECT_NE(r.find("leaky.hoarder"), std::string::npos) << r;
@@ -248,13 +252,7 @@ TEST(Diagnostics, APlantedLeakIsNamedWithItsLayer) {
     model->materialize(rep.pool(), 1);
     optim::Sgd sgd(model->registry(), model->num_params(), rep.pool(), {});
     train::ReplicaStep rs(rep, *model, sgd, {.accumulation = 1, .micro_batch = 4});
-    Tensor x, y;
-    random_batch(rep.pool(), 4, 1, x, y);
-    for (int s = 0; s < 3; ++s) {
-      rs.zero_grad();
-      rs.micro_step(x, y, true);
-      rs.apply(0.01f);
-    }
+    three_steps(rep, rs);
     EXPECT_EQ(rs.leak_report(), "");
   });
 }
