@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the PyTorch golden fixture for tests/ops/test_golden.cpp.
 
-The model is the anchor ResNet-20 of ../shared/anchors/torch_resnet.py (option-B shortcuts, width
-16, 1 input channel, 10 classes). On the first 8 Fashion-MNIST test images it records: inputs
+The model is the anchor ResNet-20 of bench/anchors/torch_resnet.py (option-B shortcuts, width
+16, 1 input channel, 10 classes), imported from there. On the first 8 Fashion-MNIST test images it records: inputs
 (NHWC), labels, every parameter (in replica's layouts: conv KRSC), the logits and mean
 cross-entropy loss of one training-mode forward pass, every gradient, the BN running statistics
 after that pass, and the losses of 3 SGD steps (lr 0.02, momentum 0.9, Nesterov, weight decay 5e-4
@@ -12,53 +12,20 @@ Run: /usr/bin/python3 tests/reference/make_reference.py  (Debian's python3-torch
 Format (little-endian): b"RPLG0001", u32 count, then per tensor: u32 name length, name bytes,
 u32 rank, rank x i64 dims, float32 data.
 """
-import copy, gzip, os, struct
+import copy, os, struct, sys
 import numpy as np
-import torch, torch.nn as nn, torch.nn.functional as F
+import torch, torch.nn.functional as F
+
+# The model and the IDX reader are the anchor's own (bench/anchors/torch_resnet.py), so the
+# fixture tests exactly the network the benchmarks compare against.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "anchors"))
+from torch_resnet import ResNet, load as load_idx  # noqa: E402
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
 D = "/usr/share/datasets/fashion-mnist/"
 SGD_LR = 0.02  # at 0.1 a batch of 8 makes the trajectory chaotic (f32 and f64 differ by 2% in 3 steps)
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "resnet20_golden.bin")
-
-
-def load_idx(path):
-    with gzip.open(path) as f:
-        data = f.read()
-    magic, n = struct.unpack(">II", data[:8])
-    if magic == 2051:
-        r, c = struct.unpack(">II", data[8:16])
-        return np.frombuffer(data, np.uint8, offset=16).reshape(n, 1, r, c)
-    return np.frombuffer(data, np.uint8, offset=8)
-
-
-class Block(nn.Module):
-    def __init__(s, cin, cout, stride):
-        super().__init__()
-        s.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False); s.b1 = nn.BatchNorm2d(cout)
-        s.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False); s.b2 = nn.BatchNorm2d(cout)
-        s.sc = None
-        if stride != 1 or cin != cout:
-            s.sc = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(s, x):
-        o = F.relu(s.b1(s.c1(x))); o = s.b2(s.c2(o))
-        return F.relu(o + (x if s.sc is None else s.sc(x)))
-
-
-class ResNet(nn.Module):
-    def __init__(s, n=3, w=16):
-        super().__init__()
-        s.stem = nn.Sequential(nn.Conv2d(1, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU())
-        layers = []; cin = w
-        for i, cout in enumerate([w, 2 * w, 4 * w]):
-            for j in range(n):
-                layers.append(Block(cin, cout, 2 if (j == 0 and i > 0) else 1)); cin = cout
-        s.layers = nn.Sequential(*layers); s.fc = nn.Linear(cin, 10)
-
-    def forward(s, x):
-        x = s.layers(s.stem(x)); return s.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
 def to_replica(t):
