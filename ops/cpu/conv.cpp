@@ -137,15 +137,8 @@ struct ChunkPlan {
 // convolutions use the input rows directly.
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
                                 MemoryPool& ws) {
-  if (!all_f32({&x, &w, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &w, &y});
-    Tensor X = m.in(x);
-    Tensor W = m.in(w);
-    Tensor Y = m.out(y);
-    conv2d_forward(X, W, Y, g, ws);
-    m.finish();
+  if (run_in_f32({In(x), In(w), Out(y)}, [&](auto& t) { conv2d_forward(t[0], t[1], t[2], g, ws); }))
     return;
-  }
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
   const ChunkPlan cp(g, ws);
@@ -165,15 +158,9 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
                                       const ConvGeom& g, MemoryPool& ws) {
-  if (!all_f32({&dy, &w, &dx})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&dy, &w, &dx});
-    Tensor DY = m.in(dy);
-    Tensor W = m.in(w);
-    Tensor DX = m.out(dx);
-    conv2d_backward_data(DY, W, DX, g, ws);
-    m.finish();
+  if (run_in_f32({In(dy), In(w), Out(dx)},
+                 [&](auto& t) { conv2d_backward_data(t[0], t[1], t[2], g, ws); }))
     return;
-  }
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
   const ChunkPlan cp(g, ws);
@@ -194,15 +181,9 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
 
 void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                         const ConvGeom& g, MemoryPool& ws) {
-  if (!all_f32({&x, &dy, &dw})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &dy, &dw});
-    Tensor X = m.in(x);
-    Tensor DY = m.in(dy);
-    Tensor DW = m.inout(dw);
-    conv2d_backward_filter(X, DY, DW, g, ws);
-    m.finish();
+  if (run_in_f32({In(x), In(dy), InOut(dw)},
+                 [&](auto& t) { conv2d_backward_filter(t[0], t[1], t[2], g, ws); }))
     return;
-  }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
   const ChunkPlan cp(g, ws);

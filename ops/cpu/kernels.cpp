@@ -57,16 +57,11 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
                                          const Tensor& save_invstd, const Tensor& running_mean,
                                          const Tensor& running_var, float momentum, float eps,
                                          const AllReduceFn& allreduce) {
-  if (!all_f32({&x, &gamma, &beta, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &gamma, &beta, &y});
-    Tensor X = m.in(x);
-    Tensor GAMMA = m.in(gamma);
-    Tensor BETA = m.in(beta);
-    Tensor Y = m.out(y);
-    batchnorm_forward_train(X, GAMMA, BETA, Y, save_mean, save_invstd, running_mean, running_var, momentum, eps, allreduce);
-    m.finish();
+  if (run_in_f32({In(x), In(gamma), In(beta), Out(y)}, [&](auto& t) {
+        batchnorm_forward_train(t[0], t[1], t[2], t[3], save_mean, save_invstd, running_mean,
+                                running_var, momentum, eps, allreduce);
+      }))
     return;
-  }
   require_f32(x, "batchnorm_forward_train");
   const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
   const float* px = x.data<float>();
@@ -113,16 +108,10 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                         const Tensor& y, const Tensor& running_mean,
                                         const Tensor& running_var, float eps) {
-  if (!all_f32({&x, &gamma, &beta, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &gamma, &beta, &y});
-    Tensor X = m.in(x);
-    Tensor GAMMA = m.in(gamma);
-    Tensor BETA = m.in(beta);
-    Tensor Y = m.out(y);
-    batchnorm_forward_eval(X, GAMMA, BETA, Y, running_mean, running_var, eps);
-    m.finish();
+  if (run_in_f32({In(x), In(gamma), In(beta), Out(y)}, [&](auto& t) {
+        batchnorm_forward_eval(t[0], t[1], t[2], t[3], running_mean, running_var, eps);
+      }))
     return;
-  }
   require_f32(x, "batchnorm_forward_eval");
   const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
   std::vector<float> a(C), b(C);
@@ -141,16 +130,11 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
                                     const Tensor& save_mean, const Tensor& save_invstd,
                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                     const AllReduceFn& allreduce) {
-  if (!all_f32({&dy, &x, &gamma, &dx})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&dy, &x, &gamma, &dx});
-    Tensor DY = m.in(dy);
-    Tensor X = m.in(x);
-    Tensor GAMMA = m.in(gamma);
-    Tensor DX = m.out(dx);
-    batchnorm_backward(DY, X, GAMMA, save_mean, save_invstd, DX, dgamma, dbeta, allreduce);
-    m.finish();
+  if (run_in_f32({In(dy), In(x), In(gamma), Out(dx)}, [&](auto& t) {
+        batchnorm_backward(t[0], t[1], t[2], save_mean, save_invstd, t[3], dgamma, dbeta,
+                           allreduce);
+      }))
     return;
-  }
   const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
@@ -202,13 +186,10 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
 void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                            const Tensor& mean, const Tensor& invstd, const Tensor& dx,
                                            const Tensor& dgamma, const Tensor& dbeta) {
-  if (!all_f32({&dy, &x, &gamma, &dx})) {
-    MixedScope m({&dy, &x, &gamma, &dx});
-    Tensor DY = m.in(dy), X = m.in(x), G = m.in(gamma), DX = m.out(dx);
-    batchnorm_backward_frozen(DY, X, G, mean, invstd, DX, dgamma, dbeta);
-    m.finish();
+  if (run_in_f32({In(dy), In(x), In(gamma), Out(dx)}, [&](auto& t) {
+        batchnorm_backward_frozen(t[0], t[1], t[2], mean, invstd, t[3], dgamma, dbeta);
+      }))
     return;
-  }
   const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
@@ -233,14 +214,7 @@ void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, co
 }
 
 void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
-  if (!all_f32({&x, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &y});
-    Tensor X = m.in(x);
-    Tensor Y = m.out(y);
-    relu_forward(X, Y);
-    m.finish();
-    return;
-  }
+  if (run_in_f32({In(x), Out(y)}, [&](auto& t) { relu_forward(t[0], t[1]); })) return;
   require_same(x, y, "relu_forward");
   const float* px = x.data<float>();
   float* py = y.data<float>();
@@ -249,15 +223,8 @@ void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
 }
 
 void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  if (!all_f32({&y, &dy, &dx})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&y, &dy, &dx});
-    Tensor Y = m.in(y);
-    Tensor DY = m.in(dy);
-    Tensor DX = m.out(dx);
-    relu_backward(Y, DY, DX);
-    m.finish();
+  if (run_in_f32({In(y), In(dy), Out(dx)}, [&](auto& t) { relu_backward(t[0], t[1], t[2]); }))
     return;
-  }
   require_same(y, dy, "relu_backward");
   const float* py = y.data<float>();
   const float* pdy = dy.data<float>();
@@ -266,15 +233,7 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
 }
 
 void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
-  if (!all_f32({&a, &b, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&a, &b, &y});
-    Tensor A = m.in(a);
-    Tensor B = m.in(b);
-    Tensor Y = m.out(y);
-    add(A, B, Y);
-    m.finish();
-    return;
-  }
+  if (run_in_f32({In(a), In(b), Out(y)}, [&](auto& t) { add(t[0], t[1], t[2]); })) return;
   require_same(a, b, "add");
   require_same(a, y, "add");
   const float* pa = a.data<float>();
@@ -284,14 +243,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
 }
 
 void CpuBackend::axpy(float alpha, const Tensor& x, const Tensor& y) {
-  if (!all_f32({&x, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &y});
-    Tensor X = m.in(x);
-    Tensor Y = m.inout(y);
-    axpy(alpha, X, Y);
-    m.finish();
-    return;
-  }
+  if (run_in_f32({In(x), InOut(y)}, [&](auto& t) { axpy(alpha, t[0], t[1]); })) return;
   require_same(x, y, "axpy");
   const float* px = x.data<float>();
   float* py = y.data<float>();
@@ -307,27 +259,14 @@ void CpuBackend::fill(const Tensor& y, float value) {
 }
 
 void CpuBackend::scale(const Tensor& y, float alpha) {
-  if (!all_f32({&y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&y});
-    Tensor Y = m.inout(y);
-    scale(Y, alpha);
-    m.finish();
-    return;
-  }
+  if (run_in_f32({InOut(y)}, [&](auto& t) { scale(t[0], alpha); })) return;
   float* p = y.data<float>();
   for (int64_t i = 0, n = y.numel(); i < n; ++i) p[i] *= alpha;
 }
 
 void CpuBackend::maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
                                  const PoolGeom& g) {
-  if (!all_f32({&x, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &y});
-    Tensor X = m.in(x);
-    Tensor Y = m.out(y);
-    maxpool_forward(X, Y, argmax, g);
-    m.finish();
-    return;
-  }
+  if (run_in_f32({In(x), Out(y)}, [&](auto& t) { maxpool_forward(t[0], t[1], argmax, g); })) return;
   const float* px = x.data<float>();
   float* py = y.data<float>();
   int32_t* pa = argmax.data<int32_t>();
@@ -359,14 +298,8 @@ void CpuBackend::maxpool_forward(const Tensor& x, const Tensor& y, const Tensor&
 
 void CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx,
                                   const PoolGeom& g) {
-  if (!all_f32({&dy, &dx})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&dy, &dx});
-    Tensor DY = m.in(dy);
-    Tensor DX = m.out(dx);
-    maxpool_backward(DY, argmax, DX, g);
-    m.finish();
+  if (run_in_f32({In(dy), Out(dx)}, [&](auto& t) { maxpool_backward(t[0], argmax, t[1], g); }))
     return;
-  }
   std::memset(dx.raw(), 0, dx.nbytes());
   const float* pdy = dy.data<float>();
   const int32_t* pa = argmax.data<int32_t>();
@@ -380,14 +313,7 @@ void CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& argmax, const 
 }
 
 void CpuBackend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
-  if (!all_f32({&x, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &y});
-    Tensor X = m.in(x);
-    Tensor Y = m.out(y);
-    global_avgpool_forward(X, Y);
-    m.finish();
-    return;
-  }
+  if (run_in_f32({In(x), Out(y)}, [&](auto& t) { global_avgpool_forward(t[0], t[1]); })) return;
   const int64_t N = x.dim(0), HW = x.dim(1) * x.dim(2), C = x.dim(3);
   const float* px = x.data<float>();
   float* py = y.data<float>();
@@ -401,14 +327,7 @@ void CpuBackend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
 }
 
 void CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
-  if (!all_f32({&dy, &dx})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&dy, &dx});
-    Tensor DY = m.in(dy);
-    Tensor DX = m.out(dx);
-    global_avgpool_backward(DY, DX);
-    m.finish();
-    return;
-  }
+  if (run_in_f32({In(dy), Out(dx)}, [&](auto& t) { global_avgpool_backward(t[0], t[1]); })) return;
   const int64_t N = dx.dim(0), HW = dx.dim(1) * dx.dim(2), C = dx.dim(3);
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
@@ -419,16 +338,9 @@ void CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
 }
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
-  if (!all_f32({&x, &w, &b, &y})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &w, &b, &y});
-    Tensor X = m.in(x);
-    Tensor W = m.in(w);
-    Tensor B = m.in(b);
-    Tensor Y = m.out(y);
-    linear_forward(X, W, B, Y);
-    m.finish();
+  if (run_in_f32({In(x), In(w), In(b), Out(y)},
+                 [&](auto& t) { linear_forward(t[0], t[1], t[2], t[3]); }))
     return;
-  }
   apply_thread_default();
   const int64_t N = x.dim(0), I = x.numel() / N, O = w.dim(0);
   if (w.numel() != O * I)
@@ -441,16 +353,9 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                  const Tensor& dx, const Tensor& dw, const Tensor& db) {
-  if (!all_f32({&x, &w, &dy, &dx})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&x, &w, &dy, &dx});
-    Tensor X = m.in(x);
-    Tensor W = m.in(w);
-    Tensor DY = m.in(dy);
-    Tensor DX = m.out(dx);
-    linear_backward(X, W, DY, DX, dw, db);
-    m.finish();
+  if (run_in_f32({In(x), In(w), In(dy), Out(dx)},
+                 [&](auto& t) { linear_backward(t[0], t[1], t[2], t[3], dw, db); }))
     return;
-  }
   apply_thread_default();
   const int64_t N = x.dim(0), I = x.numel() / N, O = w.dim(0);
   CMapR DY(dy.data<float>(), N, O);
@@ -461,13 +366,10 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
 
 Backend::LossResult CpuBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels,
                                                      const Tensor& probs) {
-  if (!all_f32({&logits, &probs})) {  // loss and softmax always in f32
-    MixedScope m({&logits, &probs});
-    Tensor L = m.in(logits), P = m.out(probs);
-    auto r = softmax_xent_forward(L, labels, P);
-    m.finish();
-    return r;
-  }
+  if (LossResult result; run_in_f32({In(logits), Out(probs)}, [&](auto& t) {
+        result = softmax_xent_forward(t[0], labels, t[1]);
+      }))  // loss in f32
+    return result;
   const int64_t N = logits.dim(0), K = logits.dim(1);
   if (labels.numel() != N)
     throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
@@ -495,14 +397,9 @@ Backend::LossResult CpuBackend::softmax_xent_forward(const Tensor& logits, const
 
 void CpuBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
                                        const Tensor& dlogits) {
-  if (!all_f32({&probs, &dlogits})) {  // 16-bit storage: compute in f32, round outputs once
-    MixedScope m({&probs, &dlogits});
-    Tensor PROBS = m.in(probs);
-    Tensor DLOGITS = m.out(dlogits);
-    softmax_xent_backward(PROBS, labels, scale, DLOGITS);
-    m.finish();
+  if (run_in_f32({In(probs), Out(dlogits)},
+                 [&](auto& t) { softmax_xent_backward(t[0], labels, scale, t[1]); }))
     return;
-  }
   const int64_t N = probs.dim(0), K = probs.dim(1);
   const float* pr = probs.data<float>();
   const int32_t* lab = labels.data<int32_t>();
