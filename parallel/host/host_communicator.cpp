@@ -2,6 +2,8 @@
 // time-out) and one worker thread per rank.
 #include "parallel/host/host_communicator.h"
 
+#include "parallel/collective_queue.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -41,31 +43,6 @@ struct Slot {
   DType dtype = DType::f32;
   ReduceOp op = ReduceOp::sum;
   int root = 0;
-};
-
-class WorkState : public Work {
- public:
-  void wait() override {
-    std::unique_lock<std::mutex> lock(m_);
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool done() override {
-    std::lock_guard<std::mutex> lock(m_);
-    return done_;
-  }
-  void finish(std::exception_ptr e) {
-    std::lock_guard<std::mutex> lock(m_);
-    done_ = true;
-    error_ = e;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
 };
 
 }  // namespace
@@ -150,16 +127,7 @@ namespace {
 
 class HostCommunicator : public Communicator {
  public:
-  HostCommunicator(std::shared_ptr<HostCommState> state, int rank)
-      : state_(std::move(state)), rank_(rank), worker_([this] { loop(); }) {}
-  ~HostCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(qm_);
-      stop_ = true;
-    }
-    qcv_.notify_all();
-    worker_.join();
-  }
+  HostCommunicator(std::shared_ptr<HostCommState> state, int rank) : state_(std::move(state)), rank_(rank) {}
 
   int rank() const override { return rank_; }
   int size() const override { return state_->world(); }
@@ -199,46 +167,10 @@ class HostCommunicator : public Communicator {
 
  private:
   WorkHandle submit(Slot s) {
-    auto w = std::make_shared<WorkState>();
-    {
-      std::lock_guard<std::mutex> lock(qm_);
-      queue_.emplace_back(s, w);
-    }
-    qcv_.notify_one();
-    return w;
+    return queue_.submit([this, s] { run(s); });
   }
-
-  // A blocking collective runs on the caller's thread once the async ones issued before it are
-  // done, so the order of collectives is the order of calls.
   void run_here(const Slot& s) {
-    {
-      std::unique_lock<std::mutex> lock(qm_);
-      idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
-    }
-    run(s);
-  }
-
-  void loop() {
-    for (;;) {
-      std::pair<Slot, std::shared_ptr<WorkState>> item;
-      {
-        std::unique_lock<std::mutex> lock(qm_);
-        qcv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        item = queue_.front();
-        queue_.pop_front();
-        busy_ = true;
-      }
-      try {
-        run(item.first);
-        item.second->finish(nullptr);
-      } catch (...) {
-        item.second->finish(std::current_exception());
-      }
-      std::lock_guard<std::mutex> lock(qm_);
-      busy_ = false;
-      if (queue_.empty()) idle_cv_.notify_all();
-    }
+    queue_.run_here([&] { run(s); });
   }
 
   void check_match(const Slot& mine) {
@@ -335,12 +267,7 @@ class HostCommunicator : public Communicator {
 
   std::shared_ptr<HostCommState> state_;
   int rank_;
-  std::mutex qm_;
-  std::condition_variable qcv_, idle_cv_;
-  std::deque<std::pair<Slot, std::shared_ptr<WorkState>>> queue_;
-  bool stop_ = false;
-  bool busy_ = false;
-  std::thread worker_;  // last: starts after the queue exists
+  CollectiveQueue queue_;  // last: its worker may run collectives that use the members above
 };
 
 }  // namespace

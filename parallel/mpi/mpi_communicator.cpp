@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "parallel/collective_queue.h"
 #include "parallel/host/host_communicator.h"
 
 namespace replica::parallel {
@@ -67,16 +68,7 @@ class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator(std::unique_ptr<Communicator> local, int local_index, int local_count, MpiProcess proc,
                   MpiCommOptions o)
-      : local_(std::move(local)), li_(local_index), lc_(local_count), proc_(proc), o_(o),
-        worker_([this] { loop(); }) {}
-  ~MpiCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(qm_);
-      stop_ = true;
-    }
-    qcv_.notify_all();
-    worker_.join();
-  }
+      : local_(std::move(local)), li_(local_index), lc_(local_count), proc_(proc), o_(o) {}
 
   int rank() const override { return proc_.rank * lc_ + li_; }
   int size() const override { return proc_.size * lc_; }
@@ -87,19 +79,19 @@ class MpiCommunicator : public Communicator {
   }
 
   WorkHandle all_reduce_async(void* d, size_t n, DType t, ReduceOp op) override {
-    return submit([=, this] { all_reduce(d, n, t, op); });
+    return queue_.submit([=, this] { all_reduce(d, n, t, op); });
   }
   WorkHandle broadcast_async(void* d, size_t n, DType t, int root) override {
-    return submit([=, this] { broadcast(d, n, t, root); });
+    return queue_.submit([=, this] { broadcast(d, n, t, root); });
   }
   WorkHandle all_gather_async(const void* s, void* r, size_t n, DType t) override {
-    return submit([=, this] { all_gather(s, r, n, t); });
+    return queue_.submit([=, this] { all_gather(s, r, n, t); });
   }
   WorkHandle reduce_scatter_async(const void* s, void* r, size_t n, DType t, ReduceOp op) override {
-    return submit([=, this] { reduce_scatter(s, r, n, t, op); });
+    return queue_.submit([=, this] { reduce_scatter(s, r, n, t, op); });
   }
   WorkHandle barrier_async() override {
-    return submit([this] { barrier(); });
+    return queue_.submit([this] { barrier(); });
   }
 
   // Blocking forms run here, after the async ones issued before them (the same order on every
@@ -189,77 +181,14 @@ class MpiCommunicator : public Communicator {
 
   template <typename F>
   void serial(F&& f) {
-    if (std::this_thread::get_id() != worker_.get_id()) {
-      std::unique_lock<std::mutex> lock(qm_);
-      idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
-    }
-    f();
-  }
-
-  struct Job : Work {
-    std::mutex m;
-    std::condition_variable cv;
-    bool finished = false;
-    std::exception_ptr error;
-    void wait() override {
-      std::unique_lock<std::mutex> lock(m);
-      cv.wait(lock, [&] { return finished; });
-      if (error) std::rethrow_exception(error);
-    }
-    bool done() override {
-      std::lock_guard<std::mutex> lock(m);
-      return finished;
-    }
-  };
-
-  WorkHandle submit(std::function<void()> fn) {
-    auto job = std::make_shared<Job>();
-    {
-      std::lock_guard<std::mutex> lock(qm_);
-      queue_.emplace_back(std::move(fn), job);
-    }
-    qcv_.notify_one();
-    return job;
-  }
-
-  void loop() {
-    for (;;) {
-      std::pair<std::function<void()>, std::shared_ptr<Job>> item;
-      {
-        std::unique_lock<std::mutex> lock(qm_);
-        qcv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
-      }
-      std::exception_ptr err;
-      try {
-        item.first();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(item.second->m);
-        item.second->finished = true;
-        item.second->error = err;
-        item.second->cv.notify_all();
-      }
-      std::lock_guard<std::mutex> lock(qm_);
-      busy_ = false;
-      if (queue_.empty()) idle_.notify_all();
-    }
+    queue_.run_here(std::forward<F>(f));
   }
 
   std::unique_ptr<Communicator> local_;
   int li_, lc_;
   MpiProcess proc_;
   MpiCommOptions o_;
-  std::mutex qm_;
-  std::condition_variable qcv_, idle_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<Job>>> queue_;
-  bool stop_ = false, busy_ = false;
-  std::thread worker_;
+  CollectiveQueue queue_;  // last: its worker may run collectives that use the members above
 };
 
 }  // namespace
