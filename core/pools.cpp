@@ -18,4 +18,11 @@ std::unique_ptr<MemoryPool> make_pool(const Device& device, const PoolOptions& o
   return std::make_unique<MemoryPool>(device, std::move(up), options);
 }
 
+std::unique_ptr<MemoryPool> make_staging_pool(const Device& device) {
+  if (device.kind == DeviceKind::cpu) return nullptr;
+  PoolOptions o;
+  o.mode = AllocatorMode::growth;
+  return std::make_unique<MemoryPool>(Device{DeviceKind::cpu, 0}, cuda::make_pinned_upstream(), o);
+}
+
 }  // namespace replica

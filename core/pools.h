@@ -11,5 +11,9 @@ namespace replica {
 // Defaults for a device kind, then the environment (REPLICA_*) on top.
 PoolOptions default_pool_options(DeviceKind kind);
 std::unique_ptr<MemoryPool> make_pool(const Device& device, const PoolOptions& options);
+// Host memory a device's input batches are assembled in before their copy: pinned (page-locked,
+// so the copy runs at full bandwidth) for a GPU, growth mode; null for a CPU device, whose own
+// pool is host memory already.
+std::unique_ptr<MemoryPool> make_staging_pool(const Device& device);
 
 }  // namespace replica

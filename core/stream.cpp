@@ -20,4 +20,10 @@ std::unique_ptr<Stream> make_stream(const Device& d) {
   return cuda::make_cuda_stream(d);
 }
 
+namespace {
+thread_local Stream* g_current = nullptr;
+}
+Stream* current_stream() { return g_current; }
+void set_current_stream(Stream* s) { g_current = s; }
+
 }  // namespace replica

@@ -43,4 +43,10 @@ class CpuStream : public Stream {
 // Creates the stream for a device (a new cudaStream_t for CUDA devices).
 std::unique_ptr<Stream> make_stream(const Device& d);
 
+// The stream this thread's kernels and copies go to. A replica thread sets its own compute stream
+// once (ReplicaGroup does it), so the shared op backends need no stream argument; null means the
+// device's default stream (tests and tools that run on the calling thread).
+Stream* current_stream();
+void set_current_stream(Stream* s);
+
 }  // namespace replica

@@ -28,10 +28,9 @@ Tensor Tensor::empty(MemoryPool& pool, Shape shape, DType dtype, MemTag tag) {
 }
 
 Tensor Tensor::zeros(MemoryPool& pool, Shape shape, DType dtype, MemTag tag) {
-  if (pool.device().kind != DeviceKind::cpu)
-    throw Error("Tensor::zeros is for CPU pools; on " + pool.device().str() + " use ops::fill");
   Tensor t = empty(pool, shape, dtype, tag);
-  std::memset(t.raw(), 0, t.nbytes());
+  if (pool.device().kind == DeviceKind::cpu) std::memset(t.raw(), 0, t.nbytes());
+  else cuda::memset_zero(t.raw(), t.nbytes(), nullptr);
   return t;
 }
 
@@ -81,6 +80,35 @@ void copy_tensor(const Tensor& src, const Tensor& dst, Stream* stream) {
     return;
   }
   cuda::copy(dst.raw(), src.raw(), src.nbytes(), stream);
+}
+
+std::string tensor_to_bytes(const Tensor& t) {
+  std::string out(t.nbytes(), '\0');
+  if (t.device().kind == DeviceKind::cpu) std::memcpy(out.data(), t.raw(), out.size());
+  else cuda::copy(out.data(), t.raw(), out.size(), nullptr);
+  return out;
+}
+
+void tensor_from_bytes(const Tensor& t, const void* data, size_t bytes) {
+  if (bytes != t.nbytes())
+    throw ShapeError("tensor_from_bytes: " + std::to_string(bytes) + " bytes for " + t.str() + " (" +
+                     std::to_string(t.nbytes()) + " bytes)");
+  if (t.device().kind == DeviceKind::cpu) std::memcpy(t.raw(), data, bytes);
+  else cuda::copy(t.raw(), data, bytes, nullptr);
+}
+
+std::vector<float> host_floats(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  std::string b = tensor_to_bytes(t);
+  convert(b.data(), t.dtype(), out.data(), DType::f32, out.size());
+  return out;
+}
+
+Tensor to_pool(const Tensor& src, MemoryPool& pool, MemTag tag) {
+  if (src.pool() == &pool) return src;
+  Tensor dst = Tensor::empty(pool, src.shape(), src.dtype(), tag);
+  copy_tensor(src, dst);
+  return dst;
 }
 
 }  // namespace replica

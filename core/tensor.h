@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -41,7 +42,7 @@ class Tensor {
  public:
   Tensor() = default;
   static Tensor empty(MemoryPool& pool, Shape shape, DType dtype, MemTag tag);
-  // Zero-filled; CPU pools only (use ops to fill device tensors).
+  // Zero-filled (on a GPU in the thread's current stream).
   static Tensor zeros(MemoryPool& pool, Shape shape, DType dtype, MemTag tag);
   // A non-owning tensor over memory the caller keeps alive.
   static Tensor wrap(void* data, Shape shape, DType dtype, Device device);
@@ -73,7 +74,16 @@ class Tensor {
   DType dtype_ = DType::f32;
 };
 
-// Copies src into dst (same byte size): host<->host memcpy, anything with a GPU through CUDA.
+// Copies src into dst (same byte size): host<->host memcpy, anything with a GPU through CUDA on
+// `stream` (default: the thread's current stream), finished on return when a side is host memory.
 void copy_tensor(const Tensor& src, const Tensor& dst, Stream* stream = nullptr);
+
+// Host round trips that work for a tensor on any device (checkpoints, model files, tests).
+std::string tensor_to_bytes(const Tensor& t);
+void tensor_from_bytes(const Tensor& t, const void* data, size_t bytes);
+// The elements as f32 on the host (any float dtype).
+std::vector<float> host_floats(const Tensor& t);
+// src itself when it already lives in `pool`, else a copy into it (host batches to a GPU).
+Tensor to_pool(const Tensor& src, MemoryPool& pool, MemTag tag);
 
 }  // namespace replica

@@ -4,6 +4,8 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/memory_pool.h"
 #include "core/tensor.h"
@@ -105,8 +107,30 @@ class Backend {
 
   // Sum of squares of a float buffer (for grad norms and checksums), in double.
   virtual double sum_squares(const Tensor& x) = 0;
+  // The same for each [offset, offset + count) segment of x (LARS trust ratios), in one pass.
+  virtual std::vector<double> segment_sum_squares(const Tensor& x,
+                                                  const std::vector<std::pair<int64_t, int64_t>>& segments) = 0;
   // grads *= inv_scale, fused with the check; returns false if any element is inf or NaN.
   virtual bool unscale_check_finite(const Tensor& grads, float inv_scale) = 0;
+  // y = 1 / sqrt(x + eps): frozen batch norm's inverse std from the running variance.
+  virtual void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) = 0;
+
+  // Fused optimizer updates over f32 views of the flat buffers, one call per parameter group;
+  // optim/ owns the hyper-parameters and the schedule. The formulas (PyTorch's order of
+  // operations) are in ops/cpu/optim_kernels.cpp.
+  struct SgdUpdate {
+    float lr = 0, momentum = 0, coupled_wd = 0, decoupled_wd = 0;
+    bool nesterov = false, first = false;  // first: the momentum buffer starts at the gradient
+  };
+  virtual void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u) = 0;
+  struct AdamWUpdate {
+    float beta1 = 0, beta2 = 0, eps = 0, decay = 1, step_size = 0, inv_sqrt_bc2 = 1;
+  };
+  virtual void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                            const AdamWUpdate& u) = 0;
+  // LARS: buf = momentum * buf + scaled_lr * (g + wd * p); p -= buf.
+  virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float scaled_lr,
+                           float momentum, float wd) = 0;
 };
 
 // The backend for a device (one shared instance per kind). Throws on a CUDA device when CUDA is

@@ -1,6 +1,7 @@
 // AdamW and LARS over the flat buffers, and clipping by the global gradient norm.
 #include <cmath>
 
+#include "ops/backend.h"
 #include "optim/optimizer.h"
 
 namespace replica::optim {
@@ -13,22 +14,20 @@ AdamW::AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, Adam
 
 void AdamW::step(const Tensor& params, const Tensor& grads, float lr) {
   steps_++;
-  float* p = params.data<float>();
-  const float* g = grads.data<float>();
-  float* m = m_.data<float>();
-  float* v = v_.data<float>();
+  auto& be = ops::backend_for(params.device());
   const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), static_cast<double>(steps_));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  ops::Backend::AdamWUpdate u;
+  u.beta1 = o_.beta1;
+  u.beta2 = o_.beta2;
+  u.eps = o_.eps;
+  u.step_size = static_cast<float>(lr / bc1);
+  u.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   for (const auto& grp : groups_) {
-    const float decay = grp.decay ? 1.f - lr * o_.weight_decay : 1.f;
-    for (int64_t i = grp.offset, e = grp.offset + grp.count; i < e; ++i) {
-      p[i] *= decay;
-      m[i] = o_.beta1 * m[i] + (1.f - o_.beta1) * g[i];
-      v[i] = o_.beta2 * v[i] + (1.f - o_.beta2) * g[i] * g[i];
-      p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + o_.eps);
-    }
+    u.decay = grp.decay ? 1.f - lr * o_.weight_decay : 1.f;
+    Shape s{grp.count};
+    be.adamw_update(params.view(grp.offset, s), grads.view(grp.offset, s), m_.view(grp.offset, s),
+                    v_.view(grp.offset, s), u);
   }
 }
 
@@ -39,40 +38,33 @@ Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOp
 }
 
 void Lars::step(const Tensor& params, const Tensor& grads, float lr) {
-  float* p = params.data<float>();
-  const float* g = grads.data<float>();
-  float* buf = momentum_.data<float>();
+  auto& be = ops::backend_for(params.device());
+  std::vector<std::pair<int64_t, int64_t>> adapted;
+  for (const auto& s : slots_)
+    if (s.adapt) adapted.emplace_back(s.offset, s.count);
+  // Both norms of every adapted tensor in two passes (one device round trip each on a GPU).
+  const std::vector<double> wss = be.segment_sum_squares(params, adapted);
+  const std::vector<double> gss = be.segment_sum_squares(grads, adapted);
+  size_t k = 0;
   for (const auto& s : slots_) {
     float local = 1.f, wd = 0.f;
     if (s.adapt) {
-      double wn = 0, gn = 0;
-      for (int64_t i = s.offset; i < s.offset + s.count; ++i) {
-        wn += static_cast<double>(p[i]) * p[i];
-        gn += static_cast<double>(g[i]) * g[i];
-      }
-      wn = std::sqrt(wn);
-      gn = std::sqrt(gn);
+      const double wn = std::sqrt(wss[k]), gn = std::sqrt(gss[k]);
+      k++;
       wd = o_.weight_decay;
       if (wn > 0 && gn > 0) local = static_cast<float>(o_.trust_coefficient * wn / (gn + wd * wn + o_.eps));
     }
-    const float scaled = lr * local;
-    for (int64_t i = s.offset; i < s.offset + s.count; ++i) {
-      buf[i] = o_.momentum * buf[i] + scaled * (g[i] + wd * p[i]);
-      p[i] -= buf[i];
-    }
+    Shape sh{s.count};
+    be.lars_update(params.view(s.offset, sh), grads.view(s.offset, sh), momentum_.view(s.offset, sh), lr * local,
+                   o_.momentum, wd);
   }
   steps_++;
 }
 
 double clip_grad_norm(const Tensor& grads, double max_norm) {
-  float* g = grads.data<float>();
-  double ss = 0;
-  for (int64_t i = 0, n = grads.numel(); i < n; ++i) ss += static_cast<double>(g[i]) * g[i];
-  const double norm = std::sqrt(ss);
-  if (max_norm > 0 && norm > max_norm) {
-    const float c = static_cast<float>(max_norm / (norm + 1e-6));
-    for (int64_t i = 0, n = grads.numel(); i < n; ++i) g[i] *= c;
-  }
+  auto& be = ops::backend_for(grads.device());
+  const double norm = std::sqrt(be.sum_squares(grads));
+  if (max_norm > 0 && norm > max_norm) be.scale(grads, static_cast<float>(max_norm / (norm + 1e-6)));
   return norm;
 }
 

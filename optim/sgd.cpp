@@ -1,7 +1,6 @@
 // SGD with momentum (PyTorch's form: buf = m * buf + g; Nesterov uses g + m * buf), coupled or
 // decoupled weight decay, fused over the flat buffer.
-#include <cstring>
-
+#include "ops/backend.h"
 #include "optim/optimizer.h"
 
 namespace replica::optim {
@@ -26,23 +25,18 @@ Sgd::Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptio
 }
 
 void Sgd::step(const Tensor& params, const Tensor& grads, float lr) {
-  float* p = params.data<float>();
-  const float* g = grads.data<float>();
-  float* buf = momentum_.data<float>();
-  const float m = o_.momentum;
-  const bool first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
+  auto& be = ops::backend_for(params.device());
   for (const auto& grp : groups_) {
     const float wd = grp.decay ? o_.weight_decay : 0.f;
-    const float cwd = o_.decoupled ? 0.f : wd;
-    const float dwd = o_.decoupled ? lr * wd : 0.f;
-    for (int64_t i = grp.offset, e = grp.offset + grp.count; i < e; ++i) {
-      float d = g[i] + cwd * p[i];
-      if (m != 0.f) {
-        buf[i] = first ? d : m * buf[i] + d;
-        d = o_.nesterov ? d + m * buf[i] : buf[i];
-      }
-      p[i] -= lr * d + dwd * p[i];
-    }
+    ops::Backend::SgdUpdate u;
+    u.lr = lr;
+    u.momentum = o_.momentum;
+    u.coupled_wd = o_.decoupled ? 0.f : wd;
+    u.decoupled_wd = o_.decoupled ? lr * wd : 0.f;
+    u.nesterov = o_.nesterov;
+    u.first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
+    be.sgd_update(params.view(grp.offset, {grp.count}), grads.view(grp.offset, {grp.count}),
+                  momentum_.view(grp.offset, {grp.count}), u);
   }
   steps_++;
 }

@@ -29,6 +29,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;
+  // True when buffers must be device memory (NCCL); host data then travels through
+  // all_reduce_host / all_gather_host (parallel/gradient_sync.h).
+  virtual bool device_buffers() const { return false; }
 
   // In place over `count` elements of `dtype` (f16/bf16 are reduced in f32).
   virtual WorkHandle all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op) = 0;

@@ -34,6 +34,9 @@ GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Co
       throw ConfigError("parallel.grad_dtype: gradients travel as fp32, fp16 or bf16");
     if (!o.staging_pool) throw Error("GradientSync: a 16-bit wire dtype needs a staging pool");
     staging_ = Tensor::empty(*o.staging_pool, grads_.shape(), o.wire, MemTag::comm);
+    cast_ = o.cast ? o.cast : [](const Tensor& a, const Tensor& b) {
+      convert(a.raw(), a.dtype(), b.raw(), b.dtype(), static_cast<size_t>(a.numel()));
+    };
   }
 }
 
@@ -58,7 +61,7 @@ void GradientSync::launch(Bucket& b) {
   if (staging_.defined()) {
     const size_t es = dtype_size(staging_.dtype());
     void* st = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.lo) * es;
-    convert(grads_.data<float>() + b.lo, DType::f32, st, staging_.dtype(), n);
+    cast_(grads_.view(b.lo, {b.hi - b.lo}), staging_.view(b.lo, {b.hi - b.lo}));
     b.work = comm_.all_reduce_async(st, n, staging_.dtype(), ReduceOp::avg);
     return;
   }
@@ -85,11 +88,8 @@ void GradientSync::finish() {
   for (auto& b : buckets_) {
     b.work->wait();
     b.done_ns = steady_ns();
-    if (staging_.defined()) {
-      const size_t es = dtype_size(staging_.dtype());
-      convert(static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.lo) * es, staging_.dtype(),
-              grads_.data<float>() + b.lo, DType::f32, static_cast<size_t>(b.hi - b.lo));
-    }
+    if (staging_.defined())
+      cast_(staging_.view(b.lo, {b.hi - b.lo}), grads_.view(b.lo, {b.hi - b.lo}));
   }
 }
 
@@ -97,13 +97,41 @@ void broadcast_from_root(Communicator& comm, Tensor& t) {
   if (comm.size() > 1) comm.broadcast(t.raw(), static_cast<size_t>(t.numel()), t.dtype(), 0);
 }
 
+namespace {
+MemoryPool& device_pool(Communicator& comm, MemoryPool* pool) {
+  if (!pool) throw CommError(comm.name() + " reduces device memory only and no device pool was given for host data");
+  return *pool;
+}
+}  // namespace
+
+void all_reduce_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, ReduceOp op) {
+  if (!comm.device_buffers()) return comm.all_reduce(data, n, DType::f32, op);
+  Tensor d = Tensor::empty(device_pool(comm, pool), {static_cast<int64_t>(n)}, DType::f32, MemTag::other);
+  tensor_from_bytes(d, data, n * sizeof(float));
+  comm.all_reduce(d.raw(), n, DType::f32, op);
+  std::string back = tensor_to_bytes(d);
+  std::memcpy(data, back.data(), back.size());
+}
+
+void all_gather_host(Communicator& comm, MemoryPool* pool, const float* send, float* recv, size_t n) {
+  if (!comm.device_buffers()) return comm.all_gather(send, recv, n, DType::f32);
+  MemoryPool& dp = device_pool(comm, pool);
+  Tensor s = Tensor::empty(dp, {static_cast<int64_t>(n)}, DType::f32, MemTag::other);
+  Tensor r = Tensor::empty(dp, {static_cast<int64_t>(n) * comm.size()}, DType::f32, MemTag::other);
+  tensor_from_bytes(s, send, n * sizeof(float));
+  comm.all_gather(s.raw(), r.raw(), n, DType::f32);
+  std::string back = tensor_to_bytes(r);
+  std::memcpy(recv, back.data(), back.size());
+}
+
 void check_replicas_agree(Communicator& comm, const Tensor& params, int64_t step) {
   if (comm.size() == 1) return;
   // FNV-1a over the bytes, folded into two exactly representable floats.
-  const uint64_t h = fnv1a(params.raw(), params.nbytes());
+  const std::string bytes = tensor_to_bytes(params);
+  const uint64_t h = fnv1a(bytes.data(), bytes.size());
   float mine[2] = {static_cast<float>(h & 0xffffff), static_cast<float>((h >> 24) & 0xffffff)};
   std::vector<float> all(2 * comm.size());
-  comm.all_gather(mine, all.data(), 2, DType::f32);
+  all_gather_host(comm, params.pool(), mine, all.data(), 2);
   std::string bad;
   for (int r = 1; r < comm.size(); ++r)
     if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) bad += (bad.empty() ? "" : ", ") + std::to_string(r);

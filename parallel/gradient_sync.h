@@ -4,6 +4,7 @@
 // once on the communicator's worker, overlapping the rest of backward. finish() waits for all.
 // Micro-steps of gradient accumulation run with sync off (no_sync): nothing is reduced.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/errors.h"
@@ -21,6 +22,9 @@ struct BucketOptions {
   // converted back).
   DType wire = DType::f32;
   MemoryPool* staging_pool = nullptr;
+  // Converts between the f32 gradients and the wire dtype. Host conversion when empty; a GPU
+  // replica passes its op backend's cast (parallel/ stands on core and does not know the kernels).
+  std::function<void(const Tensor& src, const Tensor& dst)> cast;
 };
 
 struct Bucket {
@@ -54,6 +58,7 @@ class GradientSync {
   void launch(Bucket& b);
 
   Tensor grads_, staging_;
+  std::function<void(const Tensor&, const Tensor&)> cast_;
   Communicator& comm_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_slot_;
@@ -63,6 +68,11 @@ class GradientSync {
 
 // Broadcasts a float buffer from rank 0 (parameters at start and after resume).
 void broadcast_from_root(Communicator& comm, Tensor& t);
+
+// Collectives over host floats on any communicator. A communicator that needs device buffers
+// (NCCL) gets a temporary copy in `pool`, the replica's device pool (tag other).
+void all_reduce_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, ReduceOp op);
+void all_gather_host(Communicator& comm, MemoryPool* pool, const float* send, float* recv, size_t n);
 // All replicas must hold bit-identical parameters; throws TrainingError naming the diverging
 // ranks and the step otherwise.
 void check_replicas_agree(Communicator& comm, const Tensor& params, int64_t step);

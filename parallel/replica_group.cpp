@@ -5,13 +5,36 @@
 #include <sched.h>
 
 #include <cstdlib>
+#include <cstring>
 
+#include "core/cuda/runtime.h"
 #include "core/pools.h"
+#include "parallel/gradient_sync.h"
 #include "parallel/host/host_communicator.h"
 #include "parallel/mpi/mpi_communicator.h"
 #include "parallel/nccl/nccl_communicator.h"
 
 namespace replica::parallel {
+
+void Replica::reduce(float* data, size_t n, ReduceOp op) {
+  if (comm_->device_buffers() && !cuda::is_device_pointer(data)) return all_reduce_host(*comm_, pool_.get(), data, n, op);
+  comm_->all_reduce(data, n, DType::f32, op);
+}
+
+std::vector<float> Replica::all_gather(const float* data, size_t n) {
+  std::vector<float> out(n * static_cast<size_t>(world()));
+  if (!comm_->device_buffers()) {
+    comm_->all_gather(data, out.data(), n, DType::f32);
+  } else if (cuda::is_device_pointer(data)) {
+    Tensor r = Tensor::empty(*pool_, {static_cast<int64_t>(out.size())}, DType::f32, MemTag::other);
+    comm_->all_gather(data, r.raw(), n, DType::f32);
+    const std::string b = tensor_to_bytes(r);
+    std::memcpy(out.data(), b.data(), b.size());
+  } else {
+    all_gather_host(*comm_, pool_.get(), data, out.data(), n);
+  }
+  return out;
+}
 
 ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts) : pin_(opts.pin_threads) {
   if (devices.empty()) throw ConfigError("parallel.devices: no devices given");
@@ -85,6 +108,9 @@ void ReplicaGroup::worker(int r) {
     CPU_SET((node_slot_ * size() + r) % host_core_count(), &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
   }
+  // Kernels and copies of this thread go to the replica's device and compute stream.
+  if (replicas_[r]->device_.kind == DeviceKind::cuda) cuda::set_device(replicas_[r]->device_.index);
+  set_current_stream(replicas_[r]->stream_.get());
   uint64_t seen = 0;
   for (;;) {
     const std::function<void(Replica&)>* job;

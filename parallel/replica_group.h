@@ -27,17 +27,16 @@ class Replica {
   Stream& stream() { return *stream_; }
   Communicator& comm() { return *comm_; }
 
-  // pmap-style helpers over f32 buffers, in place.
-  void psum(float* data, size_t n) { comm_->all_reduce(data, n, DType::f32, ReduceOp::sum); }
-  void pmean(float* data, size_t n) { comm_->all_reduce(data, n, DType::f32, ReduceOp::avg); }
-  std::vector<float> all_gather(const float* data, size_t n) {
-    std::vector<float> out(n * world());
-    comm_->all_gather(data, out.data(), n, DType::f32);
-    return out;
-  }
+  // pmap-style helpers over f32 buffers, in place, in host or device memory (host data on a GPU
+  // replica travels through a device copy).
+  void psum(float* data, size_t n) { reduce(data, n, ReduceOp::sum); }
+  void pmean(float* data, size_t n) { reduce(data, n, ReduceOp::avg); }
+  // Every replica's `n` floats (host or device memory), gathered to the host in rank order.
+  std::vector<float> all_gather(const float* data, size_t n);
 
  private:
   friend class ReplicaGroup;
+  void reduce(float* data, size_t n, ReduceOp op);
   int rank_ = 0, local_ = 0;
   Device device_;
   std::unique_ptr<MemoryPool> pool_;

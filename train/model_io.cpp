@@ -24,8 +24,8 @@ void save_model(const nn::Model& model, const Tensor& params, const Tensor& buff
   s += model.name();
   put<int64_t>(s, model.num_params());
   put<int64_t>(s, model.num_buffers());
-  s.append(static_cast<const char*>(params.raw()), static_cast<size_t>(model.num_params()) * 4);
-  s.append(static_cast<const char*>(buffers.raw()), static_cast<size_t>(model.num_buffers()) * 4);
+  s += tensor_to_bytes(params.view(0, {model.num_params()}));
+  s += tensor_to_bytes(buffers.view(0, {model.num_buffers()}));
   put<uint64_t>(s, fnv1a(s.data(), s.size()));
   write_file_atomic(path, s);
 }
@@ -57,9 +57,9 @@ void load_model(nn::Model& model, const std::string& path) {
   if (np != model.num_params() || nb != model.num_buffers())
     throw IoError(path + ": parameter count " + std::to_string(np) + " does not match the model's " +
                   std::to_string(model.num_params()) + " (another width or number of classes?)");
-  std::memcpy(model.params().raw(), s.data() + off, static_cast<size_t>(np) * 4);
+  tensor_from_bytes(model.params().view(0, {np}), s.data() + off, static_cast<size_t>(np) * 4);
   off += static_cast<size_t>(np) * 4;
-  std::memcpy(model.buffers().raw(), s.data() + off, static_cast<size_t>(nb) * 4);
+  tensor_from_bytes(model.buffers().view(0, {nb}), s.data() + off, static_cast<size_t>(nb) * 4);
   model.refresh_compute_copy();
 }
 

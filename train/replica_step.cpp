@@ -14,6 +14,10 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
   std::vector<int64_t> offsets;
   for (const auto& p : model.registry().params()) offsets.push_back(p.offset);
   if (o_.buckets.wire != DType::f32 && !o_.buckets.staging_pool) o_.buckets.staging_pool = &replica.pool();
+  if (!o_.buckets.cast) {
+    ops::Backend* be = &ops::backend_for(replica.device());
+    o_.buckets.cast = [be](const Tensor& a, const Tensor& b) { be->cast(a, b); };
+  }
   sync_ = std::make_unique<parallel::GradientSync>(offsets, model.grads(), replica.comm(), o_.buckets);
 }
 

@@ -72,11 +72,6 @@ PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {
 
 Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
   auto devices = parse_devices(cfg_.parallel.devices);
-  for (auto& d : devices)
-    if (d.kind == DeviceKind::cuda)
-      throw ConfigError("parallel.devices: " + cfg_.parallel.devices + ": training on GPUs needs the CUDA op backend "
-                        "(cuDNN/cuBLAS kernels), which this build does not have yet; train with --devices cpu:N. "
-                        "`replica bench allreduce --devices cuda:0,1` runs NCCL already.");
   parallel::GroupOptions go;
   go.cpu_pool = pool_options(cfg_.memory, DeviceKind::cpu);
   go.cuda_pool = pool_options(cfg_.memory, DeviceKind::cuda);
@@ -197,7 +192,8 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
     so.timeline = timeline_.get();
     st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
-    st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), rep.pool(), aug_,
+    st.staging = make_staging_pool(rep.device());
+    st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), st.input_pool(rep), aug_,
                                                       cfg_.train.seed, cfg_.data.prefetch);
   });
   if (!opts_.resume.empty()) load_resume_point();
@@ -208,20 +204,19 @@ std::string Trainer::checkpoint_dir() const {
 }
 
 namespace {
-std::string tensor_bytes(const Tensor& t) { return std::string(static_cast<const char*>(t.raw()), t.nbytes()); }
+std::string tensor_bytes(const Tensor& t) { return tensor_to_bytes(t); }
 void bytes_into(const std::string& b, const Tensor& t, const std::string& what) {
   if (b.size() != t.nbytes())
     throw IoError("checkpoint section '" + what + "' holds " + std::to_string(b.size()) + " bytes, the model needs " +
                   std::to_string(t.nbytes()) + " (another model or width?)");
-  std::memcpy(t.raw(), b.data(), b.size());
+  tensor_from_bytes(t, b.data(), b.size());
 }
 }  // namespace
 
 std::string Trainer::save_checkpoint(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch) {
   // Every replica's batch-norm statistics, gathered to all (they live in other processes under MPI).
   Tensor& mine = states_[rep.local_index()].model->buffers();
-  std::vector<float> all_buffers(static_cast<size_t>(mine.numel()) * rep.world());
-  rep.comm().all_gather(mine.raw(), all_buffers.data(), static_cast<size_t>(mine.numel()), DType::f32);
+  const std::vector<float> all_buffers = rep.all_gather(mine.data<float>(), static_cast<size_t>(mine.numel()));
   std::string path;
   if (rep.rank() == 0) {
     auto& st = states_[0];
@@ -304,11 +299,15 @@ void Trainer::load_resume_point() {
       int n = 0;
       for (auto& [name, bytes] : ck.sections)
         if (name.rfind("buffers.", 0) == 0) {
-          bytes_into(bytes, b, name);
-          for (int64_t i = 0; i < b.numel(); ++i) acc[i] += b.data<float>()[i];
+          if (bytes.size() != b.nbytes()) bytes_into(bytes, b, name);  // throws, naming the section
+          std::vector<float> f(acc.size());
+          std::memcpy(f.data(), bytes.data(), bytes.size());
+          for (size_t i = 0; i < acc.size(); ++i) acc[i] += f[i];
           n++;
         }
-      for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = static_cast<float>(acc[i] / std::max(n, 1));
+      std::vector<float> mean(acc.size());
+      for (size_t i = 0; i < acc.size(); ++i) mean[i] = static_cast<float>(acc[i] / std::max(n, 1));
+      tensor_from_bytes(b, mean.data(), mean.size() * sizeof(float));
     }
     st.model->refresh_compute_copy();
     const std::string& opt = ck.sections.count("optimizer") ? ck.sections.at("optimizer") : std::string();
@@ -319,7 +318,7 @@ void Trainer::load_resume_point() {
                         st.opt->name() + "; keep optim.name to resume");
     size_t off = 0;
     for (Tensor* t : st.opt->state()) {
-      std::memcpy(t->raw(), opt.data() + off, t->nbytes());
+      tensor_from_bytes(*t, opt.data() + off, t->nbytes());
       off += t->nbytes();
     }
     st.opt->set_steps(std::stoll(ck.meta_value("optimizer_steps")));
@@ -367,10 +366,10 @@ EvalResult Trainer::evaluate_on(parallel::Replica& rep) {
     if (lo >= hi) continue;
     std::vector<int64_t> idx;
     for (int64_t i = lo; i < hi; ++i) idx.push_back(i);
-    Tensor x = Tensor::empty(rep.pool(), {hi - lo, s[0], s[1], s[2]}, DType::f32, MemTag::data);
-    Tensor y = Tensor::empty(rep.pool(), {hi - lo}, DType::i32, MemTag::data);
+    Tensor x = Tensor::empty(st.input_pool(rep), {hi - lo, s[0], s[1], s[2]}, DType::f32, MemTag::data);
+    Tensor y = Tensor::empty(st.input_pool(rep), {hi - lo}, DType::i32, MemTag::data);
     data::load_samples(*test_, idx, aug_, false, cfg_.train.seed, 0, x.data<float>(), y.data<int32_t>());
-    auto e = st.step->eval_batch(x, y);
+    auto e = st.step->eval_batch(to_pool(x, rep.pool(), MemTag::data), to_pool(y, rep.pool(), MemTag::data));
     sums[0] += e.loss_sum;
     sums[1] += e.correct;
     sums[2] += e.count;
@@ -453,7 +452,8 @@ FitResult Trainer::fit() {
             Timeline::Scope wait(timeline_.get(), 2 * rep.rank(), "data wait", "data");
             return st.loader->next();
           }();
-          st.step->micro_step(b.images, b.labels, k == accumulation_ - 1);
+          st.step->micro_step(to_pool(b.images, rep.pool(), MemTag::data), to_pool(b.labels, rep.pool(), MemTag::data),
+                              k == accumulation_ - 1);
         }
         // The schedule advances with applied steps only: a skipped (overflowing) step leaves it.
         StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()));

@@ -69,7 +69,10 @@ class Trainer {
     std::unique_ptr<optim::Optimizer> opt;
     std::unique_ptr<optim::DynamicLossScaler> scaler;
     std::unique_ptr<ReplicaStep> step;
+    // Pinned host memory batches are assembled in before their copy to a GPU (null on CPU).
+    std::unique_ptr<MemoryPool> staging;
     std::unique_ptr<data::ReplicaLoader> loader;
+    MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
   EvalResult evaluate_on(parallel::Replica& rep);
   void log_line(const std::string& json);

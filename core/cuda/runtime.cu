@@ -135,11 +135,34 @@ std::unique_ptr<Upstream> make_device_upstream(const Device& d) { return std::ma
 std::unique_ptr<Upstream> make_pinned_upstream() { return std::make_unique<PinnedUpstream>(); }
 std::unique_ptr<Stream> make_cuda_stream(const Device& d) { return std::make_unique<CudaStream>(d); }
 
-void copy(void* dst, const void* src, size_t bytes, Stream* stream) {
-  cudaStream_t s = stream ? static_cast<cudaStream_t>(stream->native()) : nullptr;
-  REPLICA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-  if (!stream) REPLICA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+namespace {
+cudaStream_t native(Stream* stream) {
+  if (!stream) stream = current_stream();
+  return stream ? static_cast<cudaStream_t>(stream->native()) : nullptr;
 }
+}  // namespace
+
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+void copy(void* dst, const void* src, size_t bytes, Stream* stream) {
+  if (bytes == 0) return;
+  cudaStream_t s = native(stream);
+  REPLICA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  if (!is_device_pointer(dst) || !is_device_pointer(src)) REPLICA_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void memset_zero(void* p, size_t bytes, Stream* stream) {
+  if (bytes) REPLICA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, native(stream)));
+}
+
+void set_device(int index) { REPLICA_CUDA_CHECK(cudaSetDevice(index)); }
 
 }  // namespace cuda
 }  // namespace replica

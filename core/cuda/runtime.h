@@ -20,7 +20,15 @@ std::unique_ptr<Upstream> make_device_upstream(const Device& d);
 // Pinned host memory (cudaMallocHost) for staging copies.
 std::unique_ptr<Upstream> make_pinned_upstream();
 std::unique_ptr<Stream> make_cuda_stream(const Device& d);
-// Copies between host and device memory (or device to device) on `stream`.
+// Copies between host and device memory (or device to device) on `stream` (the thread's current
+// stream when null). Returns after the copy when either side is host memory, so the host may read
+// or reuse it; device-to-device copies stay asynchronous in stream order.
 void copy(void* dst, const void* src, size_t bytes, Stream* stream);
+// Zero-fills device memory in stream order.
+void memset_zero(void* p, size_t bytes, Stream* stream);
+// Makes `index` the calling thread's current device.
+void set_device(int index);
+// True when `p` points into device memory (false for host and pinned memory).
+bool is_device_pointer(const void* p);
 
 }  // namespace replica::cuda

@@ -49,7 +49,15 @@ class CpuBackend : public Backend {
                              const Tensor& dlogits) override;
   void cast(const Tensor& src, const Tensor& dst) override;
   double sum_squares(const Tensor& x) override;
+  std::vector<double> segment_sum_squares(const Tensor& x,
+                                          const std::vector<std::pair<int64_t, int64_t>>& segments) override;
   bool unscale_check_finite(const Tensor& grads, float inv_scale) override;
+  void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) override;
+  void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u) override;
+  void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                    const AdamWUpdate& u) override;
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float scaled_lr, float momentum,
+                   float wd) override;
 };
 
 }  // namespace replica::ops

@@ -109,8 +109,7 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
     if (ctx.training()) {
       // Frozen BN: y is an affine map of x with the running statistics; backward needs those.
       Tensor invstd = ctx.alloc({c_}, MemTag::activations, DType::f32);
-      for (int64_t c = 0; c < c_; ++c)
-        invstd.data<float>()[c] = 1.0f / std::sqrt(running_var.data<float>()[c] + eps_);
+      ctx.backend().rsqrt_eps(running_var, invstd, eps_);
       ctx.saved(this) = {x, running_mean, invstd};
     }
     return y;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <vector>
 
 #include "core/errors.h"
 
@@ -48,11 +49,14 @@ void Model::materialize(MemoryPool& pool, uint64_t seed, DType compute) {
   params_ = Tensor::zeros(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::params);
   grads_ = Tensor::zeros(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::grads);
   buffers_ = Tensor::zeros(pool, {std::max<int64_t>(num_buffers_, 1)}, DType::f32, MemTag::params);
+  // Initialised on the host (the same numbers on every device kind) and copied in once.
+  std::vector<float> host_params(static_cast<size_t>(params_.numel()), 0.f);
+  std::vector<float> host_buffers(static_cast<size_t>(buffers_.numel()), 0.f);
   int index = 0;
   for (auto& p : reg_.params()) {
     *p.value = params_.view(p.offset, p.shape);
     *p.grad = grads_.view(p.offset, p.shape);
-    float* v = p.value->data<float>();
+    float* v = host_params.data() + p.offset;
     const int64_t n = p.shape.numel();
     std::mt19937_64 rng(seed * 1000003ull + static_cast<uint64_t>(index++));
     switch (p.init) {
@@ -76,8 +80,10 @@ void Model::materialize(MemoryPool& pool, uint64_t seed, DType compute) {
   }
   for (auto& b : reg_.buffers()) {
     *b.value = buffers_.view(b.offset, b.shape);
-    std::fill_n(b.value->data<float>(), b.shape.numel(), b.init);
+    std::fill_n(host_buffers.data() + b.offset, b.shape.numel(), b.init);
   }
+  tensor_from_bytes(params_, host_params.data(), host_params.size() * sizeof(float));
+  tensor_from_bytes(buffers_, host_buffers.data(), host_buffers.size() * sizeof(float));
   if (compute != DType::f32) {
     compute_ = Tensor::empty(pool, params_.shape(), compute, MemTag::params);
     for (auto& p : reg_.params()) *p.value = compute_.view(p.offset, p.shape);
@@ -86,8 +92,7 @@ void Model::materialize(MemoryPool& pool, uint64_t seed, DType compute) {
 }
 
 void Model::refresh_compute_copy() {
-  if (compute_.defined())
-    convert(params_.raw(), DType::f32, compute_.raw(), compute_.dtype(), static_cast<size_t>(params_.numel()));
+  if (compute_.defined()) ops::backend_for(params_.device()).cast(params_, compute_);
 }
 
 Tensor Model::forward(Context& ctx, const Tensor& x) {
@@ -101,7 +106,7 @@ Tensor Model::forward(Context& ctx, const Tensor& x) {
 
 void Model::backward(Context& ctx, const Tensor& dlogits) { root_->backward(ctx, dlogits); }
 
-void Model::zero_grad() { std::memset(grads_.raw(), 0, grads_.nbytes()); }
+void Model::zero_grad() { ops::backend_for(grads_.device()).fill(grads_, 0.f); }
 
 std::string Model::summary() const {
   std::ostringstream os;

@@ -103,6 +103,7 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return world_; }
   std::string name() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
   void abort(const std::string&) override {
     if (!aborted_) ncclCommAbort(comm_);
     aborted_ = true;

@@ -1,0 +1,80 @@
+// CPU optimizer kernels over f32 flat-buffer views, and the small reductions the optimizers and
+// frozen batch norm need. These loops are the reference the CUDA kernels are tested against.
+#include <cmath>
+
+#include "core/errors.h"
+#include "ops/cpu/cpu_backend.h"
+
+namespace replica::ops {
+namespace {
+void require_f32(std::initializer_list<const Tensor*> ts, const char* who) {
+  for (const Tensor* t : ts)
+    if (t->dtype() != DType::f32) throw ShapeError(std::string(who) + ": expected f32, got " + t->str());
+}
+}  // namespace
+
+std::vector<double> CpuBackend::segment_sum_squares(const Tensor& x,
+                                                    const std::vector<std::pair<int64_t, int64_t>>& segments) {
+  require_f32({&x}, "segment_sum_squares");
+  const float* p = x.data<float>();
+  std::vector<double> out;
+  out.reserve(segments.size());
+  for (auto [off, n] : segments) {
+    if (off < 0 || off + n > x.numel()) throw ShapeError("segment_sum_squares: segment past the end of " + x.str());
+    double s = 0;
+    for (int64_t i = off; i < off + n; ++i) s += static_cast<double>(p[i]) * p[i];
+    out.push_back(s);
+  }
+  return out;
+}
+
+void CpuBackend::rsqrt_eps(const Tensor& x, const Tensor& y, float eps) {
+  require_f32({&x, &y}, "rsqrt_eps");
+  for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = 1.0f / std::sqrt(x.data<float>()[i] + eps);
+}
+
+void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor& momentum,
+                            const SgdUpdate& u) {
+  require_f32({&params, &grads, &momentum}, "sgd_update");
+  float* p = params.data<float>();
+  const float* g = grads.data<float>();
+  float* buf = momentum.data<float>();
+  const float m = u.momentum;
+  for (int64_t i = 0, e = params.numel(); i < e; ++i) {
+    float d = g[i] + u.coupled_wd * p[i];
+    if (m != 0.f) {
+      buf[i] = u.first ? d : m * buf[i] + d;
+      d = u.nesterov ? d + m * buf[i] : buf[i];
+    }
+    p[i] -= u.lr * d + u.decoupled_wd * p[i];
+  }
+}
+
+void CpuBackend::adamw_update(const Tensor& params, const Tensor& grads, const Tensor& m1, const Tensor& m2,
+                              const AdamWUpdate& u) {
+  require_f32({&params, &grads, &m1, &m2}, "adamw_update");
+  float* p = params.data<float>();
+  const float* g = grads.data<float>();
+  float* m = m1.data<float>();
+  float* v = m2.data<float>();
+  for (int64_t i = 0, e = params.numel(); i < e; ++i) {
+    p[i] *= u.decay;
+    m[i] = u.beta1 * m[i] + (1.f - u.beta1) * g[i];
+    v[i] = u.beta2 * v[i] + (1.f - u.beta2) * g[i] * g[i];
+    p[i] -= u.step_size * m[i] / (std::sqrt(v[i]) * u.inv_sqrt_bc2 + u.eps);
+  }
+}
+
+void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Tensor& momentum, float scaled_lr,
+                             float mom, float wd) {
+  require_f32({&params, &grads, &momentum}, "lars_update");
+  float* p = params.data<float>();
+  const float* g = grads.data<float>();
+  float* buf = momentum.data<float>();
+  for (int64_t i = 0, e = params.numel(); i < e; ++i) {
+    buf[i] = mom * buf[i] + scaled_lr * (g[i] + wd * p[i]);
+    p[i] -= buf[i];
+  }
+}
+
+}  // namespace replica::ops
