@@ -1,15 +1,671 @@
-// CUDA op backend entry point. The cuDNN/cuBLAS kernels are not written yet (issue 6), so asking
-// for one says so plainly instead of failing inside a kernel.
-#include "ops/cuda/cuda_backend.h"
+// The CUDA op backend: cuDNN for convolutions (NHWC; the algorithm is chosen once per shape and
+// cached, like cudnn.benchmark; workspaces come from the replica's pool, tag workspace), cuBLAS
+// GEMMs for linear layers, and the kernels of kernels.cu for the rest. One instance serves every
+// GPU replica: cuDNN/cuBLAS handles, algorithm caches and the small reduction scratch are per
+// thread and device, and work goes to the thread's current stream (the replica's compute stream).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "core/cuda/check.h"
 #include "core/errors.h"
+#include "core/log.h"
+#include "core/stream.h"
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/kernels.h"
 
 namespace replica::ops {
+namespace {
+
+#define REPLICA_CUDNN_CHECK(expr)                                                                   \
+  do {                                                                                              \
+    cudnnStatus_t st_ = (expr);                                                                     \
+    if (st_ != CUDNN_STATUS_SUCCESS)                                                                \
+      throw ::replica::CudaError(std::string(#expr) + " failed: " + cudnnGetErrorString(st_) + " at " + \
+                                 __FILE__ + ":" + std::to_string(__LINE__));                        \
+  } while (0)
+
+#define REPLICA_CUBLAS_CHECK(expr)                                                                       \
+  do {                                                                                                   \
+    cublasStatus_t st_ = (expr);                                                                         \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                    \
+      throw ::replica::CudaError(std::string(#expr) + " failed: " + cublasGetStatusString(st_) + " at " + \
+                                 __FILE__ + ":" + std::to_string(__LINE__));                             \
+  } while (0)
+
+cuk::DPtr dp(const Tensor& t) { return {t.raw(), static_cast<int>(t.dtype())}; }
+
+void require_float(const Tensor& t, const char* who) {
+  if (t.dtype() != DType::f32 && t.dtype() != DType::f16 && t.dtype() != DType::bf16)
+    throw ShapeError(std::string(who) + ": expected f32, f16 or bf16, got " + t.str());
+}
+void require_f32(const Tensor& t, const char* who) {
+  if (t.dtype() != DType::f32) throw ShapeError(std::string(who) + ": expected f32, got " + t.str());
+}
+void require_same(const Tensor& a, const Tensor& b, const char* who) {
+  if (a.numel() != b.numel()) throw ShapeError(std::string(who) + ": " + a.str() + " and " + b.str() + " differ in size");
+}
+int as_int(int64_t v, const char* who) {
+  if (v > 0x7fffffff) throw ShapeError(std::string(who) + ": dimension " + std::to_string(v) + " exceeds 2^31");
+  return static_cast<int>(v);
+}
+
+cudaStream_t stream() {
+  Stream* s = current_stream();
+  return s ? static_cast<cudaStream_t>(s->native()) : nullptr;
+}
+
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// TF32 for f32 convolutions and GEMMs (PyTorch's default for cuDNN convolutions) only when asked:
+// f32 runs are the ones compared against the CPU backend.
+bool allow_tf32() { return env_on("REPLICA_ALLOW_TF32"); }
+// Only algorithms that give bit-identical results run to run (no atomics in backward filter).
+bool deterministic() { return env_on("REPLICA_DETERMINISTIC"); }
+// "find" (default): time every algorithm once per shape, like cudnn.benchmark; "heuristic":
+// cuDNN's ranking without timing (instant, sometimes slower).
+bool use_find() {
+  const char* v = std::getenv("REPLICA_CUDNN_ALGO");
+  if (!v || !*v || std::strcmp(v, "find") == 0) return true;
+  if (std::strcmp(v, "heuristic") == 0) return false;
+  throw ConfigError(std::string("REPLICA_CUDNN_ALGO=") + v + ": expected find or heuristic");
+}
+size_t workspace_cap() {
+  const char* v = std::getenv("REPLICA_CUDNN_WORKSPACE_MB");
+  if (!v || !*v) return size_t(1) << 30;
+  char* end = nullptr;
+  const long mb = std::strtol(v, &end, 10);
+  if (*end || mb < 0)
+    throw ConfigError(std::string("REPLICA_CUDNN_WORKSPACE_MB=") + v + ": expected a whole number of MiB");
+  return static_cast<size_t>(mb) << 20;
+}
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+cudaDataType_t blas_type(DType t) {
+  switch (t) {
+    case DType::f16: return CUDA_R_16F;
+    case DType::bf16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+struct ConvKey {
+  int64_t v[10];
+  bool operator==(const ConvKey& o) const { return std::memcmp(v, o.v, sizeof v) == 0; }
+};
+struct ConvKeyHash {
+  size_t operator()(const ConvKey& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+    return h;
+  }
+};
+
+// Descriptors of one convolution shape and the algorithm of each direction once chosen.
+struct ConvPlan {
+  cudnnTensorDescriptor_t x{}, y{};
+  cudnnFilterDescriptor_t w{};
+  cudnnConvolutionDescriptor_t conv[3]{};  // forward, backward data, backward filter (math types may differ)
+  bool chosen[3] = {false, false, false};
+  int algo[3] = {0, 0, 0};
+  size_t ws[3] = {0, 0, 0};
+  int fallback[3] = {-1, -1, -1};  // an algorithm that needs no workspace, for when the pool is short
+  ~ConvPlan() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    for (auto c : conv)
+      if (c) cudnnDestroyConvolutionDescriptor(c);
+  }
+};
+
+// Per thread and device: handles, the plan cache, a small device scratch for reductions and a
+// pinned host buffer for their results.
+struct ThreadState {
+  int device = -1;
+  cudnnHandle_t cudnn{};
+  cublasHandle_t cublas{};
+  std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, ConvKeyHash> plans;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+  void* host = nullptr;  // 4 KiB pinned
+  ~ThreadState() {
+    plans.clear();
+    if (cudnn) cudnnDestroy(cudnn);
+    if (cublas) cublasDestroy(cublas);
+    if (scratch) cudaFree(scratch);
+    if (host) cudaFreeHost(host);
+  }
+  // Device scratch of at least `bytes` (grows; stream-ordered reuse is safe on one stream).
+  void* get_scratch(size_t bytes) {
+    if (bytes > scratch_bytes) {
+      if (scratch) {
+        REPLICA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+        cudaFree(scratch);
+      }
+      scratch_bytes = std::max<size_t>(bytes, 64 << 10);
+      REPLICA_CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
+    }
+    return scratch;
+  }
+};
+
+ThreadState& state() {
+  thread_local std::unordered_map<int, std::unique_ptr<ThreadState>> states;
+  int dev = 0;
+  REPLICA_CUDA_CHECK(cudaGetDevice(&dev));
+  auto& st = states[dev];
+  if (!st) {
+    st = std::make_unique<ThreadState>();
+    st->device = dev;
+    REPLICA_CUDNN_CHECK(cudnnCreate(&st->cudnn));
+    REPLICA_CUBLAS_CHECK(cublasCreate(&st->cublas));
+    REPLICA_CUDA_CHECK(cudaMallocHost(&st->host, 4096));
+  }
+  REPLICA_CUDNN_CHECK(cudnnSetStream(st->cudnn, stream()));
+  REPLICA_CUBLAS_CHECK(cublasSetStream(st->cublas, stream()));
+  return *st;
+}
+
+// Copies `bytes` of device results to the host and waits for them.
+void fetch(ThreadState& ts, const void* dev, void* out, size_t bytes) {
+  REPLICA_CUDA_CHECK(cudaMemcpyAsync(ts.host, dev, bytes, cudaMemcpyDeviceToHost, stream()));
+  REPLICA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  std::memcpy(out, ts.host, bytes);
+}
+
+std::string geom_str(const ConvGeom& g) {
+  return "conv " + std::to_string(g.R) + "x" + std::to_string(g.S) + " stride " + std::to_string(g.stride) + " pad " +
+         std::to_string(g.pad) + " on [" + std::to_string(g.N) + "," + std::to_string(g.H) + "," + std::to_string(g.W) +
+         "," + std::to_string(g.C) + "] -> " + std::to_string(g.K) + " channels";
+}
+
+ConvPlan& plan_for(ThreadState& ts, const ConvGeom& g, DType dt) {
+  ConvKey key{{g.N, g.H, g.W, g.C, g.K, g.R, g.S, g.stride, g.pad, static_cast<int64_t>(dt)}};
+  auto& p = ts.plans[key];
+  if (p) return *p;
+  p = std::make_unique<ConvPlan>();
+  const cudnnDataType_t t = cudnn_type(dt);
+  REPLICA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
+  REPLICA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
+  REPLICA_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
+  REPLICA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NHWC, t, as_int(g.N, "conv"), as_int(g.C, "conv"),
+                                                 as_int(g.H, "conv"), as_int(g.W, "conv")));
+  REPLICA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NHWC, t, as_int(g.N, "conv"), as_int(g.K, "conv"),
+                                                 as_int(g.P, "conv"), as_int(g.Q, "conv")));
+  REPLICA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NHWC, as_int(g.K, "conv"), as_int(g.C, "conv"),
+                                                 as_int(g.R, "conv"), as_int(g.S, "conv")));
+  const cudnnMathType_t math = dt != DType::f32 ? CUDNN_TENSOR_OP_MATH
+                               : allow_tf32()   ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+                                                : CUDNN_FMA_MATH;
+  for (auto& c : p->conv) {
+    REPLICA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c));
+    // Cross-correlation, as PyTorch and the CPU backend; accumulation in f32 for every storage type.
+    REPLICA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c, as_int(g.pad, "conv"), as_int(g.pad, "conv"),
+                                                        as_int(g.stride, "conv"), as_int(g.stride, "conv"), 1, 1,
+                                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    REPLICA_CUDNN_CHECK(cudnnSetConvolutionMathType(c, math));
+  }
+  return *p;
+}
+
+// Workspace for timing the algorithms: as much of `cap` as the pool will give.
+Tensor find_workspace(MemoryPool& pool, size_t cap) {
+  for (size_t b = cap; b >= (size_t(16) << 20); b /= 2) {
+    try {
+      return Tensor::empty(pool, {static_cast<int64_t>(b)}, DType::u8, MemTag::workspace);
+    } catch (const OutOfMemoryError&) {
+    }
+  }
+  return Tensor();
+}
+
+// Takes the fastest usable result (cuDNN sorts them) and one that needs no workspace.
+template <typename Perf>
+void pick(ConvPlan& p, int dir, const Perf* perf, int n, size_t cap, const ConvGeom& g, const char* what) {
+  const bool det = deterministic();
+  for (int i = 0; i < n; ++i) {
+    const Perf& r = perf[i];
+    if (r.status != CUDNN_STATUS_SUCCESS || (det && r.determinism != CUDNN_DETERMINISTIC)) continue;
+    if (r.memory == 0 && p.fallback[dir] < 0) p.fallback[dir] = static_cast<int>(r.algo);
+    if (!p.chosen[dir] && r.memory <= cap) {
+      p.chosen[dir] = true;
+      p.algo[dir] = static_cast<int>(r.algo);
+      p.ws[dir] = r.memory;
+      REPLICA_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv[dir], r.mathType));
+    }
+  }
+  if (!p.chosen[dir])
+    throw CudaError(std::string("cuDNN has no usable ") + what + " algorithm for " + geom_str(g) +
+                    (det ? " under REPLICA_DETERMINISTIC=1" : "") + " within a workspace of " + format_bytes(cap) +
+                    "; raise REPLICA_CUDNN_WORKSPACE_MB");
+}
+
+// Runs `call(algo, ws_ptr, ws_bytes)` with the chosen algorithm and a pool workspace, or with the
+// no-workspace fallback when the pool cannot give the workspace.
+template <typename Call>
+void run_conv(ConvPlan& p, int dir, MemoryPool& pool, const ConvGeom& g, Call&& call) {
+  Tensor ws;
+  int algo = p.algo[dir];
+  if (p.ws[dir]) {
+    try {
+      ws = Tensor::empty(pool, {static_cast<int64_t>(p.ws[dir])}, DType::u8, MemTag::workspace);
+    } catch (const OutOfMemoryError&) {
+      if (p.fallback[dir] < 0) throw;
+      log_warn("cuDNN: no room for a ", format_bytes(p.ws[dir]), " workspace for ", geom_str(g),
+               "; using an algorithm without one (slower)");
+      algo = p.fallback[dir];
+      p.algo[dir] = algo;
+      p.ws[dir] = 0;
+    }
+  }
+  call(algo, ws.defined() ? ws.raw() : nullptr, ws.defined() ? p.ws[dir] : size_t(0));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  std::string name() const override {
+    return "cuda (cuDNN " + std::to_string(cudnnGetVersion()) + ", cuBLAS)";
+  }
+
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g, MemoryPool& ws) override {
+    check_conv(x, w, y, "conv2d_forward");
+    auto& ts = state();
+    ConvPlan& p = plan_for(ts, g, x.dtype());
+    if (!p.chosen[0]) {
+      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      int n = 0;
+      size_t cap = workspace_cap();
+      if (use_find()) {
+        Tensor fw = find_workspace(ws, cap);
+        cap = fw.defined() ? fw.nbytes() : 0;
+        REPLICA_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(ts.cudnn, p.x, x.raw(), p.w, w.raw(), p.conv[0], p.y,
+                                                                   y.raw(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf,
+                                                                   fw.defined() ? fw.raw() : nullptr, cap));
+      } else {
+        REPLICA_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ts.cudnn, p.x, p.w, p.conv[0], p.y,
+                                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
+      }
+      pick(p, 0, perf, n, cap, g, "forward");
+    }
+    const float alpha = 1.f, beta = 0.f;
+    run_conv(p, 0, ws, g, [&](int algo, void* wsp, size_t wsb) {
+      REPLICA_CUDNN_CHECK(cudnnConvolutionForward(ts.cudnn, &alpha, p.x, x.raw(), p.w, w.raw(), p.conv[0],
+                                                  static_cast<cudnnConvolutionFwdAlgo_t>(algo), wsp, wsb, &beta, p.y,
+                                                  y.raw()));
+    });
+  }
+
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, const ConvGeom& g,
+                            MemoryPool& ws) override {
+    check_conv(dx, w, dy, "conv2d_backward_data");
+    auto& ts = state();
+    ConvPlan& p = plan_for(ts, g, dy.dtype());
+    if (!p.chosen[1]) {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      int n = 0;
+      size_t cap = workspace_cap();
+      if (use_find()) {
+        Tensor fw = find_workspace(ws, cap);
+        cap = fw.defined() ? fw.nbytes() : 0;
+        REPLICA_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+            ts.cudnn, p.w, w.raw(), p.y, dy.raw(), p.conv[1], p.x, dx.raw(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n,
+            perf, fw.defined() ? fw.raw() : nullptr, cap));
+      } else {
+        REPLICA_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ts.cudnn, p.w, p.y, p.conv[1], p.x,
+                                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
+      }
+      pick(p, 1, perf, n, cap, g, "backward-data");
+    }
+    const float alpha = 1.f, beta = 0.f;
+    run_conv(p, 1, ws, g, [&](int algo, void* wsp, size_t wsb) {
+      REPLICA_CUDNN_CHECK(cudnnConvolutionBackwardData(ts.cudnn, &alpha, p.w, w.raw(), p.y, dy.raw(), p.conv[1],
+                                                       static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), wsp, wsb,
+                                                       &beta, p.x, dx.raw()));
+    });
+  }
+
+  void conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const ConvGeom& g,
+                              MemoryPool& ws) override {
+    check_conv(x, dy, dy, "conv2d_backward_filter");
+    require_f32(dw, "conv2d_backward_filter (weight gradient)");
+    auto& ts = state();
+    ConvPlan& p = plan_for(ts, g, x.dtype());
+    // cuDNN wants the filter gradient in the data's type: a 16-bit run computes it into a 16-bit
+    // buffer (as PyTorch AMP does) and adds that into the f32 gradient.
+    const bool direct = x.dtype() == DType::f32;
+    Tensor target = direct ? dw : Tensor::empty(ws, dw.shape(), x.dtype(), MemTag::workspace);
+    if (!p.chosen[2]) {
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      int n = 0;
+      size_t cap = workspace_cap();
+      if (use_find()) {
+        // Timing writes its output: never into the accumulating gradient.
+        Tensor out = direct ? Tensor::empty(ws, dw.shape(), x.dtype(), MemTag::workspace) : target;
+        Tensor fw = find_workspace(ws, cap);
+        cap = fw.defined() ? fw.nbytes() : 0;
+        REPLICA_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            ts.cudnn, p.x, x.raw(), p.y, dy.raw(), p.conv[2], p.w, out.raw(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+            &n, perf, fw.defined() ? fw.raw() : nullptr, cap));
+      } else {
+        REPLICA_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            ts.cudnn, p.x, p.y, p.conv[2], p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
+      }
+      pick(p, 2, perf, n, cap, g, "backward-filter");
+    }
+    const float alpha = 1.f, beta = direct ? 1.f : 0.f;
+    run_conv(p, 2, ws, g, [&](int algo, void* wsp, size_t wsb) {
+      REPLICA_CUDNN_CHECK(cudnnConvolutionBackwardFilter(ts.cudnn, &alpha, p.x, x.raw(), p.y, dy.raw(), p.conv[2],
+                                                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), wsp, wsb,
+                                                         &beta, p.w, target.raw()));
+    });
+    if (!direct) cuk::axpy(1.f, dp(target), dp(dw), dw.numel(), stream());
+  }
+
+  void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
+                               const Tensor& save_mean, const Tensor& save_invstd, const Tensor& running_mean,
+                               const Tensor& running_var, float momentum, float eps,
+                               const AllReduceFn& allreduce) override {
+    const int C = channels(x);
+    const int64_t M = x.numel() / C;
+    auto& ts = state();
+    cudaStream_t s = stream();
+    // scratch: acc[C + 1] (sums, count) | sq[C] doubles | f[C + 1] floats | mean[C] | a[C] | b[C]
+    char* base = static_cast<char*>(ts.get_scratch((2 * C + 1) * sizeof(double) + (4 * C + 1) * sizeof(float) + 64));
+    double* acc = reinterpret_cast<double*>(base);
+    double* sq = acc + C + 1;
+    float* f = reinterpret_cast<float*>(sq + C);
+    float* mean = f + C + 1;
+    float* a = mean + C;
+    float* b = a + C;
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, (2 * C + 1) * sizeof(double), s));
+    cuk::bn_channel_sums(dp(x), M, C, nullptr, acc, s);
+    cuk::set_double(acc + C, static_cast<double>(M), s);
+    reduce(acc, f, C + 1, allreduce, s);
+    cuk::bn_mean(acc, C, mean, s);
+    cuk::bn_channel_sums(dp(x), M, C, mean, sq, s);
+    reduce(sq, f, C, allreduce, s);
+    cuk::bn_finalize_train(acc, sq, C, dp(gamma), dp(beta), eps, momentum, save_mean.data<float>(),
+                           save_invstd.data<float>(), running_mean.data<float>(), running_var.data<float>(), a, b, s);
+    cuk::bn_apply(dp(x), dp(y), M, C, a, b, s);
+  }
+
+  void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
+                              const Tensor& running_mean, const Tensor& running_var, float eps) override {
+    const int C = channels(x);
+    auto& ts = state();
+    float* a = static_cast<float*>(ts.get_scratch(2 * C * sizeof(float)));
+    cuk::bn_coefficients_eval(dp(gamma), dp(beta), running_mean.data<float>(), running_var.data<float>(), eps, C, a,
+                              a + C, stream());
+    cuk::bn_apply(dp(x), dp(y), x.numel() / C, C, a, a + C, stream());
+  }
+
+  void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                          const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                          const AllReduceFn& allreduce) override {
+    const int C = channels(x);
+    const int64_t M = x.numel() / C;
+    auto& ts = state();
+    cudaStream_t s = stream();
+    // scratch: acc[2C + 1] (sum dy, sum dy * xhat, count) doubles | f[2C + 1] floats
+    double* acc = static_cast<double*>(ts.get_scratch((2 * C + 1) * (sizeof(double) + sizeof(float))));
+    float* f = reinterpret_cast<float*>(acc + 2 * C + 1);
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, (2 * C + 1) * sizeof(double), s));
+    cuk::bn_backward_sums(dp(dy), dp(x), M, C, save_mean.data<float>(), save_invstd.data<float>(), acc, s);
+    cuk::bn_accumulate_params(acc, C, dgamma.data<float>(), dbeta.data<float>(), s);
+    cuk::set_double(acc + 2 * C, static_cast<double>(M), s);
+    reduce(acc, f, 2 * C + 1, allreduce, s);  // sync-BN: dx needs the sums over the global batch
+    cuk::bn_backward_apply(dp(dy), dp(x), dp(gamma), save_mean.data<float>(), save_invstd.data<float>(), acc, dp(dx),
+                           M, C, s);
+  }
+
+  void batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                 const Tensor& invstd, const Tensor& dx, const Tensor& dgamma,
+                                 const Tensor& dbeta) override {
+    const int C = channels(x);
+    const int64_t M = x.numel() / C;
+    auto& ts = state();
+    cudaStream_t s = stream();
+    double* acc = static_cast<double*>(ts.get_scratch(2 * C * sizeof(double)));
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * C * sizeof(double), s));
+    cuk::bn_backward_sums(dp(dy), dp(x), M, C, mean.data<float>(), invstd.data<float>(), acc, s);
+    cuk::bn_accumulate_params(acc, C, dgamma.data<float>(), dbeta.data<float>(), s);
+    cuk::bn_backward_apply(dp(dy), dp(x), dp(gamma), mean.data<float>(), invstd.data<float>(), nullptr, dp(dx), M, C, s);
+  }
+
+  void relu_forward(const Tensor& x, const Tensor& y) override {
+    require_same(x, y, "relu_forward");
+    cuk::relu_forward(dp(x), dp(y), x.numel(), stream());
+  }
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
+    require_same(y, dy, "relu_backward");
+    cuk::relu_backward(dp(y), dp(dy), dp(dx), y.numel(), stream());
+  }
+  void add(const Tensor& a, const Tensor& b, const Tensor& y) override {
+    require_same(a, b, "add");
+    require_same(a, y, "add");
+    cuk::add(dp(a), dp(b), dp(y), a.numel(), stream());
+  }
+  void axpy(float alpha, const Tensor& x, const Tensor& y) override {
+    require_same(x, y, "axpy");
+    cuk::axpy(alpha, dp(x), dp(y), x.numel(), stream());
+  }
+  void fill(const Tensor& y, float value) override {
+    require_float(y, "fill");
+    cuk::fill(dp(y), value, y.numel(), stream());
+  }
+  void scale(const Tensor& y, float alpha) override { cuk::scale(dp(y), alpha, y.numel(), stream()); }
+
+  void maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax, const PoolGeom& g) override {
+    cuk::maxpool_forward(dp(x), dp(y), argmax.data<int32_t>(), as_int(g.N, "maxpool"), as_int(g.H, "maxpool"),
+                         as_int(g.W, "maxpool"), as_int(g.C, "maxpool"), as_int(g.P, "maxpool"), as_int(g.Q, "maxpool"),
+                         static_cast<int>(g.window), static_cast<int>(g.stride), static_cast<int>(g.pad), stream());
+  }
+  void maxpool_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx, const PoolGeom& g) override {
+    cuk::maxpool_backward(dp(dy), argmax.data<int32_t>(), dp(dx), as_int(g.N, "maxpool"), as_int(g.H, "maxpool"),
+                          as_int(g.W, "maxpool"), as_int(g.C, "maxpool"), as_int(g.P, "maxpool"),
+                          as_int(g.Q, "maxpool"), static_cast<int>(g.window), static_cast<int>(g.stride),
+                          static_cast<int>(g.pad), stream());
+  }
+  void global_avgpool_forward(const Tensor& x, const Tensor& y) override {
+    cuk::global_avgpool_forward(dp(x), dp(y), as_int(x.dim(0), "avgpool"), as_int(x.dim(1) * x.dim(2), "avgpool"),
+                                as_int(x.dim(3), "avgpool"), stream());
+  }
+  void global_avgpool_backward(const Tensor& dy, const Tensor& dx) override {
+    cuk::global_avgpool_backward(dp(dy), dp(dx), as_int(dx.dim(0), "avgpool"), as_int(dx.dim(1) * dx.dim(2), "avgpool"),
+                                 as_int(dx.dim(3), "avgpool"), stream());
+  }
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+    const int N = as_int(x.dim(0), "linear"), I = as_int(x.numel() / x.dim(0), "linear"), O = as_int(w.dim(0), "linear");
+    check_linear(x, w, I, O);
+    auto& ts = state();
+    // y = b broadcast, then y += x w^T: column-major y^T[O,N] = w^T' [O,I] x^T [I,N].
+    cuk::bias_broadcast(dp(b), dp(y), N, O, stream());
+    gemm(ts, CUBLAS_OP_T, CUBLAS_OP_N, O, N, I, w, I, x, I, 1.f, y, O);
+  }
+
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                       const Tensor& db) override {
+    const int N = as_int(x.dim(0), "linear"), I = as_int(x.numel() / x.dim(0), "linear"), O = as_int(w.dim(0), "linear");
+    check_linear(x, w, I, O);
+    require_f32(dw, "linear_backward (weight gradient)");
+    require_f32(db, "linear_backward (bias gradient)");
+    auto& ts = state();
+    if (dx.defined()) gemm(ts, CUBLAS_OP_N, CUBLAS_OP_N, I, N, O, w, I, dy, O, 0.f, dx, I);  // dx = dy w
+    gemm(ts, CUBLAS_OP_N, CUBLAS_OP_T, I, O, N, x, I, dy, O, 1.f, dw, I);                   // dw += dy^T x
+    cuk::bias_grad(dp(dy), db.data<float>(), N, O, stream());
+  }
+
+  LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) override {
+    const int N = as_int(logits.dim(0), "softmax_cross_entropy"), K = as_int(logits.dim(1), "softmax_cross_entropy");
+    if (labels.numel() != N)
+      throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
+                       std::to_string(labels.numel()) + " labels");
+    auto& ts = state();
+    cudaStream_t s = stream();
+    double* result = static_cast<double*>(ts.get_scratch(sizeof(double) + 2 * sizeof(int)));
+    int* counts = reinterpret_cast<int*>(result + 1);
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double) + 2 * sizeof(int), s));
+    cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, result, counts, s);
+    char host[sizeof(double) + 2 * sizeof(int)];
+    fetch(ts, result, host, sizeof host);
+    double loss;
+    int c[2];
+    std::memcpy(&loss, host, sizeof loss);
+    std::memcpy(c, host + sizeof loss, sizeof c);
+    if (c[1]) {
+      int32_t bad = 0;
+      fetch(ts, labels.data<int32_t>() + (c[1] - 1), &bad, sizeof bad);
+      throw ShapeError("softmax_cross_entropy: label " + std::to_string(bad) + " of sample " + std::to_string(c[1] - 1) +
+                       " is outside [0, " + std::to_string(K) + ")");
+    }
+    return {loss, c[0]};
+  }
+
+  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale, const Tensor& dlogits) override {
+    cuk::softmax_xent_backward(dp(probs), labels.data<int32_t>(), scale, dp(dlogits), as_int(probs.dim(0), "xent"),
+                               as_int(probs.dim(1), "xent"), stream());
+  }
+
+  void cast(const Tensor& src, const Tensor& dst) override {
+    require_same(src, dst, "cast");
+    require_float(src, "cast");
+    require_float(dst, "cast");
+    cuk::cast(dp(src), dp(dst), src.numel(), stream());
+  }
+
+  double sum_squares(const Tensor& x) override {
+    require_f32(x, "sum_squares");
+    auto& ts = state();
+    double* out = static_cast<double*>(ts.get_scratch(sizeof(double)));
+    cuk::sum_squares(x.data<float>(), x.numel(), out, stream());
+    double r = 0;
+    fetch(ts, out, &r, sizeof r);
+    return r;
+  }
+
+  std::vector<double> segment_sum_squares(const Tensor& x,
+                                          const std::vector<std::pair<int64_t, int64_t>>& segments) override {
+    require_f32(x, "segment_sum_squares");
+    const int n = static_cast<int>(segments.size());
+    std::vector<double> out(segments.size());
+    if (n == 0) return out;
+    std::vector<int64_t> oc(2 * segments.size());
+    for (int i = 0; i < n; ++i) {
+      if (segments[i].first < 0 || segments[i].first + segments[i].second > x.numel())
+        throw ShapeError("segment_sum_squares: segment past the end of " + x.str());
+      oc[i] = segments[i].first;
+      oc[n + i] = segments[i].second;
+    }
+    auto& ts = state();
+    cudaStream_t s = stream();
+    int64_t* d = static_cast<int64_t*>(ts.get_scratch(oc.size() * sizeof(int64_t) + out.size() * sizeof(double)));
+    double* res = reinterpret_cast<double*>(d + oc.size());
+    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    cuk::segment_sum_squares(x.data<float>(), d, d + n, n, res, s);
+    REPLICA_CUDA_CHECK(cudaMemcpyAsync(out.data(), res, out.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
+    REPLICA_CUDA_CHECK(cudaStreamSynchronize(s));
+    return out;
+  }
+
+  bool unscale_check_finite(const Tensor& grads, float inv_scale) override {
+    require_f32(grads, "unscale_check_finite");
+    auto& ts = state();
+    int* flag = static_cast<int*>(ts.get_scratch(sizeof(int)));
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
+    cuk::unscale_check(grads.data<float>(), grads.numel(), inv_scale, flag, stream());
+    int bad = 0;
+    fetch(ts, flag, &bad, sizeof bad);
+    return bad == 0;
+  }
+
+  void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) override {
+    require_f32(x, "rsqrt_eps");
+    require_f32(y, "rsqrt_eps");
+    cuk::rsqrt_eps(x.data<float>(), y.data<float>(), eps, x.numel(), stream());
+  }
+
+  void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u) override {
+    for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "sgd_update");
+    cuk::sgd_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), u.lr, u.momentum, u.coupled_wd,
+                    u.decoupled_wd, u.nesterov, u.first, stream());
+  }
+  void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u) override {
+    for (const Tensor* t : {&p, &g, &m, &v}) require_f32(*t, "adamw_update");
+    cuk::adamw_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), u.beta1, u.beta2,
+                      u.eps, u.decay, u.step_size, u.inv_sqrt_bc2, stream());
+  }
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float scaled_lr, float momentum,
+                   float wd) override {
+    for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "lars_update");
+    cuk::lars_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), scaled_lr, momentum, wd, stream());
+  }
+
+ private:
+  static int channels(const Tensor& x) {
+    require_float(x, "batchnorm");
+    return as_int(x.shape()[x.shape().rank() - 1], "batchnorm");
+  }
+
+  static void check_conv(const Tensor& a, const Tensor& b, const Tensor& c, const char* who) {
+    for (const Tensor* t : {&a, &b, &c}) {
+      if (t->device().kind != DeviceKind::cuda) throw ShapeError(std::string(who) + ": " + t->str() + " is not on a GPU");
+      require_float(*t, who);
+    }
+    if (a.dtype() != b.dtype() || a.dtype() != c.dtype())
+      throw ShapeError(std::string(who) + ": cuDNN needs one dtype for input, filter and output; got " + a.str() + ", " +
+                       b.str() + ", " + c.str());
+  }
+
+  static void check_linear(const Tensor& x, const Tensor& w, int I, int O) {
+    if (w.numel() != static_cast<int64_t>(O) * I)
+      throw ShapeError("linear: input " + x.str() + " has " + std::to_string(I) + " features but the weight is " + w.str());
+    if (x.dtype() != w.dtype())
+      throw ShapeError("linear: input " + x.str() + " and weight " + w.str() + " must share a dtype on the GPU");
+  }
+
+  // Column-major C[m,n] = alpha op(A) op(B) + beta C with f32 accumulation (tensor cores for 16-bit
+  // data; TF32 for f32 only under REPLICA_ALLOW_TF32).
+  static void gemm(ThreadState& ts, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const Tensor& A,
+                   int lda, const Tensor& B, int ldb, float beta, const Tensor& C, int ldc) {
+    const float alpha = 1.f;
+    const cublasComputeType_t ct =
+        A.dtype() == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    REPLICA_CUBLAS_CHECK(cublasGemmEx(ts.cublas, ta, tb, m, n, k, &alpha, A.raw(), blas_type(A.dtype()), lda, B.raw(),
+                                      blas_type(B.dtype()), ldb, &beta, C.raw(), blas_type(C.dtype()), ldc, ct,
+                                      CUBLAS_GEMM_DEFAULT));
+  }
+
+  // Sums `n` device doubles across replicas: through floats (the CPU backend's convention), in place.
+  static void reduce(double* acc, float* f, int n, const AllReduceFn& allreduce, cudaStream_t s) {
+    if (!allreduce) return;
+    cuk::doubles_to_floats(acc, f, n, s);
+    allreduce(f, static_cast<size_t>(n));  // NCCL orders itself after this stream's work and is waited for
+    cuk::floats_to_doubles(f, acc, n, s);
+  }
+};
+
+}  // namespace
 
 Backend& cuda_backend() {
-  throw CudaError(
-      "the CUDA op backend (cuDNN/cuBLAS kernels) is not part of this build yet; core CUDA "
-      "support (devices, pools, streams) is. Train on CPU replicas with --devices cpu:N");
+  static CudaBackend backend;
+  return backend;
 }
 
 }  // namespace replica::ops

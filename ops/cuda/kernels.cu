@@ -1,0 +1,573 @@
+// The hand-written CUDA kernels of the op backend: elementwise ops, casts, batch norm, pooling,
+// softmax cross-entropy, reductions and the fused optimizer updates. Each mirrors a loop of the
+// CPU backend (ops/cpu/) so the conformance tests can hold them to it.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/cuda/check.h"
+#include "ops/cuda/kernels.h"
+
+namespace replica::ops::cuk {
+namespace {
+
+constexpr int kF16 = 1, kBF16 = 2;
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float ld(const void* p, int dt, int64_t i) {
+  if (dt == kF16) return __half2float(static_cast<const __half*>(p)[i]);
+  if (dt == kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ void st(void* p, int dt, int64_t i, float v) {
+  if (dt == kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  else if (dt == kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else static_cast<float*>(p)[i] = v;
+}
+
+int grid_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(std::clamp<int64_t>(b, 1, 1 << 20));  // grid-stride loops cover the rest
+}
+
+void check_launch(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw CudaError(std::string("CUDA kernel ") + what + " failed to launch: " + cudaGetErrorString(e));
+}
+
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// ---- elementwise ------------------------------------------------------------------------------
+
+__global__ void k_cast(DPtr src, DPtr dst, int64_t n) {
+  GRID_STRIDE(i, n) st(dst.mut(), dst.dt, i, ld(src.p, src.dt, i));
+}
+__global__ void k_relu(DPtr x, DPtr y, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = ld(x.p, x.dt, i);
+    st(y.mut(), y.dt, i, v < 0.f ? 0.f : v);  // NaN stays NaN, as on CPU and in PyTorch
+  }
+}
+__global__ void k_relu_bwd(DPtr y, DPtr dy, DPtr dx, int64_t n) {
+  GRID_STRIDE(i, n) st(dx.mut(), dx.dt, i, ld(y.p, y.dt, i) > 0.f ? ld(dy.p, dy.dt, i) : 0.f);
+}
+__global__ void k_add(DPtr a, DPtr b, DPtr y, int64_t n) {
+  GRID_STRIDE(i, n) st(y.mut(), y.dt, i, ld(a.p, a.dt, i) + ld(b.p, b.dt, i));
+}
+__global__ void k_axpy(float alpha, DPtr x, DPtr y, int64_t n) {
+  GRID_STRIDE(i, n) st(y.mut(), y.dt, i, ld(y.p, y.dt, i) + alpha * ld(x.p, x.dt, i));
+}
+__global__ void k_fill(DPtr y, float v, int64_t n) {
+  GRID_STRIDE(i, n) st(y.mut(), y.dt, i, v);
+}
+__global__ void k_scale(DPtr y, float alpha, int64_t n) {
+  GRID_STRIDE(i, n) st(y.mut(), y.dt, i, ld(y.p, y.dt, i) * alpha);
+}
+__global__ void k_rsqrt_eps(const float* x, float* y, float eps, int64_t n) {
+  GRID_STRIDE(i, n) y[i] = 1.0f / sqrtf(x[i] + eps);
+}
+
+// ---- reductions -------------------------------------------------------------------------------
+
+// Sums v over the block into thread 0's return value.
+__device__ double block_sum(double v) {
+  __shared__ double sh[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = threadIdx.x < warps ? sh[threadIdx.x] : 0.0;
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  __syncthreads();  // sh may be reused by a following call
+  return v;
+}
+
+__global__ void k_sum_squares(const float* x, int64_t n, double* out) {
+  double acc = 0;
+  GRID_STRIDE(i, n) acc += static_cast<double>(x[i]) * x[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) atomicAdd(out, acc);
+}
+
+__global__ void k_segment_sum_squares(const float* x, const int64_t* off, const int64_t* cnt, double* out) {
+  const int seg = blockIdx.x;
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < cnt[seg]; i += blockDim.x) {
+    const double v = x[off[seg] + i];
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[seg] = acc;
+}
+
+__global__ void k_unscale_check(float* g, int64_t n, float inv, int* nonfinite) {
+  bool bad = false;
+  GRID_STRIDE(i, n) {
+    const float v = g[i];
+    bad |= !isfinite(v);
+    g[i] = v * inv;
+  }
+  if (bad) *nonfinite = 1;
+}
+
+// ---- optimizers -------------------------------------------------------------------------------
+
+__global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float m, float cwd, float dwd,
+                      bool nesterov, bool first) {
+  GRID_STRIDE(i, n) {
+    float d = g[i] + cwd * p[i];
+    if (m != 0.f) {
+      const float b = first ? d : m * buf[i] + d;
+      buf[i] = b;
+      d = nesterov ? d + m * b : b;
+    }
+    p[i] -= lr * d + dwd * p[i];
+  }
+}
+
+__global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n, float b1, float b2, float eps,
+                        float decay, float step, float inv_sqrt_bc2) {
+  GRID_STRIDE(i, n) {
+    const float gi = g[i];
+    const float pi = p[i] * decay;
+    const float mi = b1 * m[i] + (1.f - b1) * gi;
+    const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+__global__ void k_lars(float* p, const float* g, float* buf, int64_t n, float lr, float m, float wd) {
+  GRID_STRIDE(i, n) {
+    const float b = m * buf[i] + lr * (g[i] + wd * p[i]);
+    buf[i] = b;
+    p[i] -= b;
+  }
+}
+
+// ---- batch norm -------------------------------------------------------------------------------
+// Blocks of 32 channels x 8 row lanes; each thread folds f32 partials of 32 rows into a double
+// (the CPU backend's scheme), the block combines its 8 lanes and adds one double per channel.
+
+constexpr int kBnRows = 8;
+
+__global__ void k_bn_sums(DPtr x, int64_t M, int C, const float* mean, double* acc) {
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  double total = 0;
+  if (c < C) {
+    const float mu = mean ? mean[c] : 0.f;
+    float part = 0.f;
+    int k = 0;
+    for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += static_cast<int64_t>(gridDim.y) * kBnRows) {
+      const float v = ld(x.p, x.dt, r * C + c);
+      if (mean) {
+        const float d = v - mu;
+        part += d * d;
+      } else {
+        part += v;
+      }
+      if (++k == 32) {
+        total += part;
+        part = 0.f;
+        k = 0;
+      }
+    }
+    total += part;
+  }
+  __shared__ double sh[kBnRows][32];
+  sh[threadIdx.y][threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    double s = 0;
+    for (int j = 0; j < kBnRows; ++j) s += sh[j][threadIdx.x];
+    atomicAdd(acc + c, s);
+  }
+}
+
+__global__ void k_bn_bwd_sums(DPtr dy, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
+                              double* acc) {
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  double t1 = 0, t2 = 0;
+  if (c < C) {
+    const float mu = mean[c], inv = invstd[c];
+    float p1 = 0.f, p2 = 0.f;
+    int k = 0;
+    for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += static_cast<int64_t>(gridDim.y) * kBnRows) {
+      const float g = ld(dy.p, dy.dt, r * C + c);
+      p1 += g;
+      p2 += g * (ld(x.p, x.dt, r * C + c) - mu) * inv;
+      if (++k == 32) {
+        t1 += p1;
+        t2 += p2;
+        p1 = p2 = 0.f;
+        k = 0;
+      }
+    }
+    t1 += p1;
+    t2 += p2;
+  }
+  __shared__ double s1[kBnRows][32], s2[kBnRows][32];
+  s1[threadIdx.y][threadIdx.x] = t1;
+  s2[threadIdx.y][threadIdx.x] = t2;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    double a = 0, b = 0;
+    for (int j = 0; j < kBnRows; ++j) {
+      a += s1[j][threadIdx.x];
+      b += s2[j][threadIdx.x];
+    }
+    atomicAdd(acc + c, a);
+    atomicAdd(acc + C + c, b);
+  }
+}
+
+dim3 bn_grid(int64_t M, int C) {
+  const int cx = (C + 31) / 32;
+  // Enough row blocks to fill the GPU (~4 waves of 132 SMs) without tiny per-thread chunks.
+  const int64_t want = std::max<int64_t>(1, 1024 / cx);
+  const int64_t rows = std::clamp<int64_t>((M + kBnRows * 64 - 1) / (kBnRows * 64), 1, want);
+  return dim3(cx, static_cast<unsigned>(rows));
+}
+
+__global__ void k_d2f(const double* a, float* f, int n) {
+  GRID_STRIDE(i, n) f[i] = static_cast<float>(a[i]);
+}
+__global__ void k_f2d(const float* f, double* a, int n) {
+  GRID_STRIDE(i, n) a[i] = f[i];
+}
+__global__ void k_set_double(double* a, double v) { *a = v; }
+
+__global__ void k_bn_mean(const double* acc, int C, float* mean) {
+  GRID_STRIDE(c, C) mean[c] = static_cast<float>(acc[c] / acc[C]);
+}
+
+__global__ void k_bn_finalize(const double* acc, const double* sq, int C, DPtr gamma, DPtr beta, float eps,
+                              float momentum, float* sm, float* si, float* rm, float* rv, float* a, float* b) {
+  GRID_STRIDE(c, C) {
+    const double Mg = acc[C];
+    const double mean = acc[c] / Mg;
+    const double var = sq[c] / Mg;
+    const double inv = 1.0 / sqrt(var + eps);
+    const float g = ld(gamma.p, gamma.dt, c), be = ld(beta.p, beta.dt, c);
+    sm[c] = static_cast<float>(mean);
+    si[c] = static_cast<float>(inv);
+    a[c] = static_cast<float>(g * inv);
+    b[c] = static_cast<float>(be - mean * g * inv);
+    const double unbiased = Mg > 1 ? var * Mg / (Mg - 1) : var;
+    rm[c] = static_cast<float>((1 - momentum) * rm[c] + momentum * mean);
+    rv[c] = static_cast<float>((1 - momentum) * rv[c] + momentum * unbiased);
+  }
+}
+
+__global__ void k_bn_coef_eval(DPtr gamma, DPtr beta, const float* rm, const float* rv, float eps, int C, float* a,
+                               float* b) {
+  GRID_STRIDE(c, C) {
+    const float inv = 1.0f / sqrtf(rv[c] + eps);
+    a[c] = ld(gamma.p, gamma.dt, c) * inv;
+    b[c] = ld(beta.p, beta.dt, c) - rm[c] * a[c];
+  }
+}
+
+__global__ void k_bn_apply(DPtr x, DPtr y, int64_t n, int C, const float* a, const float* b) {
+  GRID_STRIDE(i, n) {
+    const int c = static_cast<int>(i % C);
+    st(y.mut(), y.dt, i, ld(x.p, x.dt, i) * a[c] + b[c]);
+  }
+}
+
+__global__ void k_bn_params(const double* acc, int C, float* dgamma, float* dbeta) {
+  GRID_STRIDE(c, C) {
+    dbeta[c] += static_cast<float>(acc[c]);
+    dgamma[c] += static_cast<float>(acc[C + c]);
+  }
+}
+
+__global__ void k_bn_bwd_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd, const double* acc,
+                               DPtr dx, int64_t n, int C) {
+  GRID_STRIDE(i, n) {
+    const int c = static_cast<int>(i % C);
+    const float k = ld(gamma.p, gamma.dt, c) * invstd[c];
+    const float g = ld(dy.p, dy.dt, i);
+    if (!acc) {
+      st(dx.mut(), dx.dt, i, k * g);
+      continue;
+    }
+    const double Mg = acc[2 * C];
+    const float m1 = static_cast<float>(acc[c] / Mg), m2 = static_cast<float>(acc[C + c] / Mg);
+    const float xhat = (ld(x.p, x.dt, i) - mean[c]) * invstd[c];
+    st(dx.mut(), dx.dt, i, k * (g - m1 - xhat * m2));
+  }
+}
+
+// ---- pooling ----------------------------------------------------------------------------------
+
+__global__ void k_maxpool(DPtr x, DPtr y, int32_t* arg, int N, int H, int W, int C, int P, int Q, int win, int stride,
+                          int pad) {
+  const int64_t total = static_cast<int64_t>(N) * P * Q * C;
+  GRID_STRIDE(i, total) {
+    const int c = static_cast<int>(i % C);
+    int64_t t = i / C;
+    const int q = static_cast<int>(t % Q);
+    t /= Q;
+    const int p = static_cast<int>(t % P);
+    const int n = static_cast<int>(t / P);
+    float best = -INFINITY;
+    int besti = -1;
+    for (int r = 0; r < win; ++r) {
+      const int h = p * stride - pad + r;
+      if (h < 0 || h >= H) continue;
+      for (int s = 0; s < win; ++s) {
+        const int w = q * stride - pad + s;
+        if (w < 0 || w >= W) continue;
+        const float v = ld(x.p, x.dt, ((static_cast<int64_t>(n) * H + h) * W + w) * C + c);
+        if (v > best || besti < 0) {
+          best = v;
+          besti = h * W + w;
+        }
+      }
+    }
+    st(y.mut(), y.dt, i, best);
+    arg[i] = besti;
+  }
+}
+
+// Gather form: each input element sums the outputs whose argmax it is, in the CPU backend's order.
+__global__ void k_maxpool_bwd(DPtr dy, const int32_t* arg, DPtr dx, int N, int H, int W, int C, int P, int Q, int win,
+                              int stride, int pad) {
+  const int64_t total = static_cast<int64_t>(N) * H * W * C;
+  GRID_STRIDE(i, total) {
+    const int c = static_cast<int>(i % C);
+    int64_t t = i / C;
+    const int w = static_cast<int>(t % W);
+    t /= W;
+    const int h = static_cast<int>(t % H);
+    const int n = static_cast<int>(t / H);
+    const int hp = h + pad, wp = w + pad;
+    const int p0 = hp < win ? 0 : (hp - win) / stride + 1, p1 = min(P - 1, hp / stride);
+    const int q0 = wp < win ? 0 : (wp - win) / stride + 1, q1 = min(Q - 1, wp / stride);
+    float sum = 0.f;
+    for (int p = p0; p <= p1; ++p)
+      for (int q = q0; q <= q1; ++q) {
+        const int64_t o = ((static_cast<int64_t>(n) * P + p) * Q + q) * C + c;
+        if (arg[o] == h * W + w) sum += ld(dy.p, dy.dt, o);
+      }
+    st(dx.mut(), dx.dt, i, sum);
+  }
+}
+
+__global__ void k_gap(DPtr x, DPtr y, int N, int HW, int C) {
+  GRID_STRIDE(i, static_cast<int64_t>(N) * C) {
+    const int64_t n = i / C, c = i % C;
+    double s = 0;
+    for (int j = 0; j < HW; ++j) s += ld(x.p, x.dt, (n * HW + j) * C + c);
+    st(y.mut(), y.dt, i, static_cast<float>(s / HW));
+  }
+}
+
+__global__ void k_gap_bwd(DPtr dy, DPtr dx, int N, int HW, int C) {
+  const float inv = 1.0f / static_cast<float>(HW);
+  GRID_STRIDE(i, static_cast<int64_t>(N) * HW * C) {
+    const int64_t c = i % C, n = i / (static_cast<int64_t>(HW) * C);
+    st(dx.mut(), dx.dt, i, ld(dy.p, dy.dt, n * C + c) * inv);
+  }
+}
+
+// ---- linear helpers ---------------------------------------------------------------------------
+
+__global__ void k_bias_broadcast(DPtr b, DPtr y, int N, int O) {
+  GRID_STRIDE(i, static_cast<int64_t>(N) * O) st(y.mut(), y.dt, i, ld(b.p, b.dt, i % O));
+}
+
+__global__ void k_bias_grad(DPtr dy, float* db, int N, int O) {
+  GRID_STRIDE(o, O) {
+    float s = 0.f;
+    for (int n = 0; n < N; ++n) s += ld(dy.p, dy.dt, static_cast<int64_t>(n) * O + o);
+    db[o] += s;
+  }
+}
+
+// ---- softmax cross-entropy --------------------------------------------------------------------
+
+// One block per row: max and first argmax, then the double sum of exponentials.
+__global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, double* result, int* counts) {
+  const int row = blockIdx.x;
+  const int64_t base = static_cast<int64_t>(row) * K;
+  __shared__ float smax[kThreads];
+  __shared__ int sarg[kThreads];
+  float best = -INFINITY;
+  int arg = -1;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    const float v = ld(z.p, z.dt, base + k);
+    if (arg < 0 || v > best) {  // ascending k: keeps the first maximum
+      best = v;
+      arg = k;
+    }
+  }
+  smax[threadIdx.x] = best;
+  sarg[threadIdx.x] = arg;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) {
+      const float v = smax[threadIdx.x + o];
+      const int a = sarg[threadIdx.x + o];
+      if (a >= 0 && (sarg[threadIdx.x] < 0 || v > smax[threadIdx.x] || (v == smax[threadIdx.x] && a < sarg[threadIdx.x]))) {
+        smax[threadIdx.x] = v;
+        sarg[threadIdx.x] = a;
+      }
+    }
+    __syncthreads();
+  }
+  const float mx = smax[0];
+  const int am = sarg[0];
+  double s = 0;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) s += exp(static_cast<double>(ld(z.p, z.dt, base + k)) - mx);
+  s = block_sum(s);
+  __shared__ double total;
+  if (threadIdx.x == 0) total = s;
+  __syncthreads();
+  for (int k = threadIdx.x; k < K; k += blockDim.x)
+    st(probs.mut(), probs.dt, base + k, static_cast<float>(exp(static_cast<double>(ld(z.p, z.dt, base + k)) - mx) / total));
+  if (threadIdx.x == 0) {
+    const int lab = labels[row];
+    if (lab < 0 || lab >= K) {
+      atomicCAS(counts + 1, 0, row + 1);  // the first bad row found
+    } else {
+      atomicAdd(result, log(total) - (static_cast<double>(ld(z.p, z.dt, base + lab)) - mx));
+      if (am == lab) atomicAdd(counts, 1);
+    }
+  }
+}
+
+__global__ void k_xent_bwd(DPtr probs, const int32_t* labels, float scale, DPtr d, int N, int K) {
+  GRID_STRIDE(i, static_cast<int64_t>(N) * K) {
+    const int n = static_cast<int>(i / K), k = static_cast<int>(i % K);
+    st(d.mut(), d.dt, i, (ld(probs.p, probs.dt, i) - (k == labels[n] ? 1.f : 0.f)) * scale);
+  }
+}
+
+}  // namespace
+
+#define LAUNCH(kernel, n, s, ...)                                   \
+  do {                                                              \
+    if ((n) > 0) {                                                  \
+      kernel<<<grid_for(n), kThreads, 0, s>>>(__VA_ARGS__);         \
+      check_launch(#kernel);                                        \
+    }                                                               \
+  } while (0)
+
+void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s) { LAUNCH(k_cast, n, s, src, dst, n); }
+void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_relu, n, s, x, y, n); }
+void relu_backward(DPtr y, DPtr dy, DPtr dx, int64_t n, cudaStream_t s) { LAUNCH(k_relu_bwd, n, s, y, dy, dx, n); }
+void add(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_add, n, s, a, b, y, n); }
+void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_axpy, n, s, alpha, x, y, n); }
+void fill(DPtr y, float v, int64_t n, cudaStream_t s) { LAUNCH(k_fill, n, s, y, v, n); }
+void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) { LAUNCH(k_scale, n, s, y, alpha, n); }
+void rsqrt_eps(const float* x, float* y, float eps, int64_t n, cudaStream_t s) { LAUNCH(k_rsqrt_eps, n, s, x, y, eps, n); }
+
+void sum_squares(const float* x, int64_t n, double* out, cudaStream_t s) {
+  REPLICA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), s));
+  LAUNCH(k_sum_squares, n, s, x, n, out);
+}
+
+void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* counts, int segments, double* out,
+                         cudaStream_t s) {
+  if (segments <= 0) return;
+  k_segment_sum_squares<<<segments, kThreads, 0, s>>>(x, offsets, counts, out);
+  check_launch("k_segment_sum_squares");
+}
+
+void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s) {
+  LAUNCH(k_unscale_check, n, s, g, n, inv_scale, nonfinite);
+}
+
+void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd, float dwd,
+                bool nesterov, bool first, cudaStream_t s) {
+  LAUNCH(k_sgd, n, s, p, g, buf, n, lr, momentum, cwd, dwd, nesterov, first);
+}
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2, float eps,
+                  float decay, float step_size, float inv_sqrt_bc2, cudaStream_t s) {
+  LAUNCH(k_adamw, n, s, p, g, m, v, n, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2);
+}
+void lars_update(float* p, const float* g, float* buf, int64_t n, float scaled_lr, float momentum, float wd,
+                 cudaStream_t s) {
+  LAUNCH(k_lars, n, s, p, g, buf, n, scaled_lr, momentum, wd);
+}
+
+void bn_channel_sums(DPtr x, int64_t M, int C, const float* mean, double* acc, cudaStream_t s) {
+  if (M <= 0 || C <= 0) return;
+  k_bn_sums<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(x, M, C, mean, acc);
+  check_launch("k_bn_sums");
+}
+void bn_backward_sums(DPtr dy, DPtr x, int64_t M, int C, const float* mean, const float* invstd, double* acc,
+                      cudaStream_t s) {
+  if (M <= 0 || C <= 0) return;
+  k_bn_bwd_sums<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(dy, x, M, C, mean, invstd, acc);
+  check_launch("k_bn_bwd_sums");
+}
+void doubles_to_floats(const double* a, float* f, int n, cudaStream_t s) { LAUNCH(k_d2f, n, s, a, f, n); }
+void floats_to_doubles(const float* f, double* a, int n, cudaStream_t s) { LAUNCH(k_f2d, n, s, f, a, n); }
+void set_double(double* a, double v, cudaStream_t s) {
+  k_set_double<<<1, 1, 0, s>>>(a, v);
+  check_launch("k_set_double");
+}
+void bn_mean(const double* acc, int C, float* mean, cudaStream_t s) { LAUNCH(k_bn_mean, C, s, acc, C, mean); }
+void bn_finalize_train(const double* acc, const double* sq, int C, DPtr gamma, DPtr beta, float eps, float momentum,
+                       float* save_mean, float* save_invstd, float* running_mean, float* running_var, float* a, float* b,
+                       cudaStream_t s) {
+  LAUNCH(k_bn_finalize, C, s, acc, sq, C, gamma, beta, eps, momentum, save_mean, save_invstd, running_mean, running_var,
+         a, b);
+}
+void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, const float* running_var, float eps, int C,
+                          float* a, float* b, cudaStream_t s) {
+  LAUNCH(k_bn_coef_eval, C, s, gamma, beta, running_mean, running_var, eps, C, a, b);
+}
+void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, cudaStream_t s) {
+  LAUNCH(k_bn_apply, M * C, s, x, y, M * C, C, a, b);
+}
+void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta, cudaStream_t s) {
+  LAUNCH(k_bn_params, C, s, acc, C, dgamma, dbeta);
+}
+void bn_backward_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd, const double* acc, DPtr dx,
+                       int64_t M, int C, cudaStream_t s) {
+  LAUNCH(k_bn_bwd_apply, M * C, s, dy, x, gamma, mean, invstd, acc, dx, M * C, C);
+}
+
+void maxpool_forward(DPtr x, DPtr y, int32_t* argmax, int N, int H, int W, int C, int P, int Q, int window, int stride,
+                     int pad, cudaStream_t s) {
+  const int64_t n = static_cast<int64_t>(N) * P * Q * C;
+  LAUNCH(k_maxpool, n, s, x, y, argmax, N, H, W, C, P, Q, window, stride, pad);
+}
+void maxpool_backward(DPtr dy, const int32_t* argmax, DPtr dx, int N, int H, int W, int C, int P, int Q, int window,
+                      int stride, int pad, cudaStream_t s) {
+  const int64_t n = static_cast<int64_t>(N) * H * W * C;
+  LAUNCH(k_maxpool_bwd, n, s, dy, argmax, dx, N, H, W, C, P, Q, window, stride, pad);
+}
+void global_avgpool_forward(DPtr x, DPtr y, int N, int HW, int C, cudaStream_t s) {
+  LAUNCH(k_gap, static_cast<int64_t>(N) * C, s, x, y, N, HW, C);
+}
+void global_avgpool_backward(DPtr dy, DPtr dx, int N, int HW, int C, cudaStream_t s) {
+  LAUNCH(k_gap_bwd, static_cast<int64_t>(N) * HW * C, s, dy, dx, N, HW, C);
+}
+void bias_broadcast(DPtr b, DPtr y, int N, int O, cudaStream_t s) {
+  LAUNCH(k_bias_broadcast, static_cast<int64_t>(N) * O, s, b, y, N, O);
+}
+void bias_grad(DPtr dy, float* db, int N, int O, cudaStream_t s) { LAUNCH(k_bias_grad, O, s, dy, db, N, O); }
+
+void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K, double* result, int* counts,
+                          cudaStream_t s) {
+  if (N <= 0) return;
+  k_xent<<<N, kThreads, 0, s>>>(logits, labels, probs, K, result, counts);
+  check_launch("k_xent");
+}
+void softmax_xent_backward(DPtr probs, const int32_t* labels, float scale, DPtr dlogits, int N, int K, cudaStream_t s) {
+  LAUNCH(k_xent_bwd, static_cast<int64_t>(N) * K, s, probs, labels, scale, dlogits, N, K);
+}
+
+}  // namespace replica::ops::cuk

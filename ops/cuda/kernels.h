@@ -1,0 +1,96 @@
+// Launchers for the hand-written CUDA kernels of the op backend (ops/cuda/kernels.cu). Tensors
+// travel as (pointer, dtype) pairs so one kernel serves f32, f16 and bf16 storage: every kernel
+// loads into f32, computes in f32 (reductions in double where the CPU backend uses double) and
+// rounds once on store, as the CPU backend does.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define REPLICA_HOST_DEVICE __host__ __device__
+#else
+#define REPLICA_HOST_DEVICE
+#endif
+
+namespace replica::ops::cuk {
+
+// dtype codes: the values of replica::DType (f32 = 0, f16 = 1, bf16 = 2).
+struct DPtr {
+  const void* p = nullptr;
+  int dt = 0;
+  REPLICA_HOST_DEVICE void* mut() const { return const_cast<void*>(p); }
+};
+
+// Elementwise over n elements.
+void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s);
+void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s);
+void relu_backward(DPtr y, DPtr dy, DPtr dx, int64_t n, cudaStream_t s);
+void add(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s);
+void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s);  // y += alpha * x
+void fill(DPtr y, float v, int64_t n, cudaStream_t s);
+void scale(DPtr y, float alpha, int64_t n, cudaStream_t s);
+void rsqrt_eps(const float* x, float* y, float eps, int64_t n, cudaStream_t s);
+
+// Reductions into device doubles (`out` is zeroed by the launcher).
+void sum_squares(const float* x, int64_t n, double* out, cudaStream_t s);
+// out[i] = sum of squares of x[offsets[i], offsets[i] + counts[i]); offsets/counts in device memory.
+void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* counts, int segments,
+                         double* out, cudaStream_t s);
+// g *= inv_scale; *nonfinite set to 1 if any element was inf or NaN (caller zeroes it).
+void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s);
+
+// Optimizers (f32 flat buffers); formulas as in ops/cpu/optim_kernels.cpp.
+void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd,
+                float dwd, bool nesterov, bool first, cudaStream_t s);
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2,
+                  float eps, float decay, float step_size, float inv_sqrt_bc2, cudaStream_t s);
+void lars_update(float* p, const float* g, float* buf, int64_t n, float scaled_lr, float momentum,
+                 float wd, cudaStream_t s);
+
+// Batch norm over [M, C] (channels last). Scratch layout is the caller's (see cuda_backend.cpp).
+// acc[c] += x (mean == null) or (x - mean[c])^2.
+void bn_channel_sums(DPtr x, int64_t M, int C, const float* mean, double* acc, cudaStream_t s);
+// acc[c] += dy; acc[C + c] += dy * (x - mean[c]) * invstd[c].
+void bn_backward_sums(DPtr dy, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
+                      double* acc, cudaStream_t s);
+void doubles_to_floats(const double* a, float* f, int n, cudaStream_t s);
+void floats_to_doubles(const float* f, double* a, int n, cudaStream_t s);
+void set_double(double* a, double v, cudaStream_t s);
+// mean[c] = acc[c] / acc[C] (the count).
+void bn_mean(const double* acc, int C, float* mean, cudaStream_t s);
+// From sums, count and squared deviations: saved mean/invstd, running stats, y = x * a + b coefficients.
+void bn_finalize_train(const double* acc, const double* sq, int C, DPtr gamma, DPtr beta, float eps,
+                       float momentum, float* save_mean, float* save_invstd, float* running_mean,
+                       float* running_var, float* a, float* b, cudaStream_t s);
+void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, const float* running_var,
+                          float eps, int C, float* a, float* b, cudaStream_t s);
+void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, cudaStream_t s);
+// dgamma[c] += acc[C + c]; dbeta[c] += acc[c].
+void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta, cudaStream_t s);
+// dx = gamma * invstd * (dy - m1 - xhat * m2), m1/m2 = acc sums over the count acc[2C]; frozen
+// (acc == null): dx = gamma * invstd * dy.
+void bn_backward_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd,
+                       const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s);
+
+// Pooling (NHWC).
+void maxpool_forward(DPtr x, DPtr y, int32_t* argmax, int N, int H, int W, int C, int P, int Q,
+                     int window, int stride, int pad, cudaStream_t s);
+void maxpool_backward(DPtr dy, const int32_t* argmax, DPtr dx, int N, int H, int W, int C, int P,
+                      int Q, int window, int stride, int pad, cudaStream_t s);
+void global_avgpool_forward(DPtr x, DPtr y, int N, int HW, int C, cudaStream_t s);
+void global_avgpool_backward(DPtr dy, DPtr dx, int N, int HW, int C, cudaStream_t s);
+
+// Linear helpers: y[n, o] = b[o] (before a GEMM with beta = 1); db[o] += sum_n dy[n, o].
+void bias_broadcast(DPtr b, DPtr y, int N, int O, cudaStream_t s);
+void bias_grad(DPtr dy, float* db, int N, int O, cudaStream_t s);
+
+// Softmax cross-entropy over [N, K] logits. result[0] += summed loss (double), counts[0] +=
+// correct argmax predictions, counts[1] = index + 1 of a row whose label is outside [0, K) (0: none).
+// The caller zeroes result and counts.
+void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K,
+                          double* result, int* counts, cudaStream_t s);
+void softmax_xent_backward(DPtr probs, const int32_t* labels, float scale, DPtr dlogits, int N,
+                           int K, cudaStream_t s);
+
+}  // namespace replica::ops::cuk

@@ -1,0 +1,15 @@
+// Built instead of the CUDA op backend when CUDA or cuDNN is not part of the build: asking for it
+// says so plainly instead of failing inside a kernel.
+#include "core/errors.h"
+#include "ops/cuda/cuda_backend.h"
+
+namespace replica::ops {
+
+Backend& cuda_backend() {
+  throw CudaError(
+      "this replica was built without the CUDA op backend (no nvcc, cuDNN or cuBLAS at configure "
+      "time); rebuild with -DREPLICA_CUDA=ON where the CUDA toolkit and cuDNN are installed, or "
+      "train on CPU replicas with --devices cpu:N");
+}
+
+}  // namespace replica::ops
