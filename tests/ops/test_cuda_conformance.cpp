@@ -1,0 +1,371 @@
+// CUDA backend conformance (label gpu): every op, the optimizers and 20 training steps run on the
+// CPU backend and on the CUDA backend with the same inputs, and the CUDA results must match the
+// CPU ones within a tolerance per storage dtype (ggml's test-backend-ops idea). Tolerances are
+// relative to the largest magnitude of the CPU result:
+//   f32  2e-5  (same formulas; only summation order and FMA contraction differ)
+//   f16  4e-3  (one f16 rounding of a differently-ordered f32 result: 2^-11 relative, x2 margin)
+//   bf16 3e-2  (one bf16 rounding: 2^-8 relative, x4 margin)
+// Integer outputs (argmax, correct counts) and casts must agree exactly. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "core/pools.h"
+#include "core/tensor.h"
+#include "ops/backend.h"
+#include "ops/models/resnet.h"
+#include "optim/optimizer.h"
+#include "support/compare.h"
+#include "train/trainer.h"
+
+using namespace replica;
+
+namespace {
+
+bool have_gpu() { return cuda_compiled() && !cuda_devices().empty(); }
+
+double tol(DType t) { return t == DType::f32 ? 2e-5 : t == DType::f16 ? 4e-3 : 3e-2; }
+
+// One device: its pool and backend.
+struct Side {
+  explicit Side(Device d) : device(d) {
+    PoolOptions o;
+    o.mode = AllocatorMode::growth;
+    pool = make_pool(d, o);
+    be = &ops::backend_for(d);
+  }
+  Tensor put(const std::vector<float>& v, Shape s, DType dt = DType::f32) {
+    std::vector<char> bytes(v.size() * dtype_size(dt));
+    convert(v.data(), DType::f32, bytes.data(), dt, v.size());
+    Tensor t = Tensor::empty(*pool, s, dt, MemTag::other);
+    tensor_from_bytes(t, bytes.data(), bytes.size());
+    return t;
+  }
+  Tensor put_i32(const std::vector<int32_t>& v) {
+    Tensor t = Tensor::empty(*pool, {static_cast<int64_t>(v.size())}, DType::i32, MemTag::other);
+    tensor_from_bytes(t, v.data(), v.size() * 4);
+    return t;
+  }
+  Tensor empty(Shape s, DType dt = DType::f32) { return Tensor::empty(*pool, s, dt, MemTag::other); }
+  Device device;
+  std::unique_ptr<MemoryPool> pool;
+  ops::Backend* be;
+};
+
+std::vector<float> randv(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<int32_t> host_i32(const Tensor& t) {
+  std::string b = tensor_to_bytes(t);
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+// Runs `op` on both sides with identical inputs (made by `make` on each side) and compares the
+// outputs it returns.
+class CudaConformance : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+    cpu = std::make_unique<Side>(Device{DeviceKind::cpu, 0});
+    gpu = std::make_unique<Side>(Device{DeviceKind::cuda, 0});
+  }
+  void expect_close(const char* what, const Tensor& g, const Tensor& c, double t) {
+    auto gv = host_floats(g), cv = host_floats(c);
+    ASSERT_EQ(gv.size(), cv.size()) << what;
+    for (size_t i = 0; i < gv.size(); ++i)
+      if (std::isnan(cv[i])) {
+        EXPECT_TRUE(std::isnan(gv[i])) << what << " element " << i;
+        gv[i] = cv[i] = 0.f;
+      }
+    const double d = replica::testing::max_rel_diff(gv, cv);
+    EXPECT_LE(d, t) << what << " (" << dtype_name(GetParam()) << "): CUDA differs from CPU by " << d;
+    std::printf("  %-40s %-5s %.2e (tolerance %.0e)\n", what, dtype_name(GetParam()), d, t);
+  }
+  std::unique_ptr<Side> cpu, gpu;
+};
+
+struct ConvCase {
+  int64_t N, H, W, C, K, R, S, stride, pad;
+};
+
+TEST_P(CudaConformance, Convolution) {
+  const DType dt = GetParam();
+  for (ConvCase k : {ConvCase{2, 9, 7, 5, 6, 3, 3, 1, 1}, ConvCase{2, 8, 8, 8, 16, 1, 1, 2, 0},
+                     ConvCase{2, 15, 15, 3, 8, 7, 7, 2, 3}, ConvCase{3, 28, 28, 1, 16, 3, 3, 1, 1},
+                     ConvCase{2, 14, 14, 64, 64, 3, 3, 2, 1}}) {
+    auto g = ops::ConvGeom::make({k.N, k.H, k.W, k.C}, k.K, k.R, k.S, k.stride, k.pad, "test");
+    auto xv = randv(k.N * k.H * k.W * k.C, 1), wv = randv(k.K * k.R * k.S * k.C, 2, -0.3f, 0.3f);
+    auto dyv = randv(g.N * g.P * g.Q * g.K, 3), dw0 = randv(k.K * k.R * k.S * k.C, 4);
+    Tensor y[2], dx[2], dw[2];
+    int i = 0;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      Tensor x = s->put(xv, {g.N, g.H, g.W, g.C}, dt), w = s->put(wv, {g.K, g.R, g.S, g.C}, dt);
+      Tensor dy = s->put(dyv, {g.N, g.P, g.Q, g.K}, dt);
+      y[i] = s->empty({g.N, g.P, g.Q, g.K}, dt);
+      dx[i] = s->empty({g.N, g.H, g.W, g.C}, dt);
+      dw[i] = s->put(dw0, {g.K, g.R, g.S, g.C});  // f32, accumulated into
+      s->be->conv2d_forward(x, w, y[i], g, *s->pool);
+      s->be->conv2d_backward_data(dy, w, dx[i], g, *s->pool);
+      s->be->conv2d_backward_filter(x, dy, dw[i], g, *s->pool);
+      i++;
+    }
+    std::printf(" conv %ldx%ld s%ld p%ld C%ld K%ld:\n", (long)k.R, (long)k.S, (long)k.stride, (long)k.pad, (long)k.C, (long)k.K);
+    expect_close("conv2d_forward", y[1], y[0], tol(dt));
+    expect_close("conv2d_backward_data", dx[1], dx[0], tol(dt));
+    expect_close("conv2d_backward_filter (+=)", dw[1], dw[0], tol(dt));
+  }
+}
+
+TEST_P(CudaConformance, BatchNorm) {
+  const DType dt = GetParam();
+  for (Shape sh : {Shape{4, 5, 3, 24}, Shape{8, 16, 16, 40}}) {
+    const int64_t C = sh[3];
+    auto xv = randv(sh.numel(), 5, -2.f, 3.f), dyv = randv(sh.numel(), 6);
+    auto gv = randv(C, 7, 0.5f, 1.5f), bv = randv(C, 8), rm = randv(C, 9), rv = randv(C, 10, 0.5f, 2.f);
+    auto dg0 = randv(C, 11), db0 = randv(C, 12);
+    Tensor out[2][10];
+    int i = 0;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      Tensor x = s->put(xv, sh, dt), dy = s->put(dyv, sh, dt), gamma = s->put(gv, {C}, dt), beta = s->put(bv, {C}, dt);
+      Tensor* o = out[i++];
+      o[0] = s->empty(sh, dt);  // y train
+      o[1] = s->empty({C});     // save mean
+      o[2] = s->empty({C});     // save invstd
+      o[3] = s->put(rm, {C});
+      o[4] = s->put(rv, {C});
+      s->be->batchnorm_forward_train(x, gamma, beta, o[0], o[1], o[2], o[3], o[4], 0.1f, 1e-5f, nullptr);
+      o[5] = s->empty(sh, dt);  // y eval
+      s->be->batchnorm_forward_eval(x, gamma, beta, o[5], o[3], o[4], 1e-5f);
+      o[6] = s->empty(sh, dt);  // dx
+      o[7] = s->put(dg0, {C});
+      o[8] = s->put(db0, {C});
+      s->be->batchnorm_backward(dy, x, gamma, o[1], o[2], o[6], o[7], o[8], nullptr);
+      o[9] = s->empty(sh, dt);  // dx frozen
+      s->be->batchnorm_backward_frozen(dy, x, gamma, o[1], o[2], o[9], o[7], o[8]);
+    }
+    const double t = tol(dt), t32 = std::max(tol(dt) / 10, 2e-5);  // statistics are f32 from exact inputs
+    expect_close("batchnorm_forward_train y", out[1][0], out[0][0], t);
+    expect_close("batchnorm save_mean", out[1][1], out[0][1], t32);
+    expect_close("batchnorm save_invstd", out[1][2], out[0][2], t32);
+    expect_close("batchnorm running_mean", out[1][3], out[0][3], t32);
+    expect_close("batchnorm running_var", out[1][4], out[0][4], t32);
+    expect_close("batchnorm_forward_eval y", out[1][5], out[0][5], t);
+    expect_close("batchnorm_backward dx", out[1][6], out[0][6], t);
+    expect_close("batchnorm dgamma (+=, twice)", out[1][7], out[0][7], t32 * 5);
+    expect_close("batchnorm dbeta (+=, twice)", out[1][8], out[0][8], t32 * 5);
+    expect_close("batchnorm_backward_frozen dx", out[1][9], out[0][9], t);
+  }
+}
+
+TEST_P(CudaConformance, ElementwisePoolingLinearLoss) {
+  const DType dt = GetParam();
+  const Shape sh{2, 9, 9, 6};
+  auto av = randv(sh.numel(), 13), bv = randv(sh.numel(), 14);
+  av[3] = std::numeric_limits<float>::quiet_NaN();  // NaN passes through ReLU on both
+  auto pg = ops::PoolGeom::make(sh, 3, 2, 1, "test");
+  const int64_t N = 6, I = 20, O = 7;
+  auto xl = randv(N * I, 15), wl = randv(O * I, 16, -0.3f, 0.3f), bl = randv(O, 17), dyl = randv(N * O, 18);
+  auto dwl = randv(O * I, 19), dbl = randv(O, 20);
+  auto logits = randv(9 * 10, 21, -3.f, 3.f);
+  std::vector<int32_t> labels{0, 3, 9, 1, 1, 5, 7, 2, 8};
+  Tensor o[2][16];
+  ops::Backend::LossResult loss[2];
+  int i = 0;
+  for (Side* s : {cpu.get(), gpu.get()}) {
+    Tensor a = s->put(av, sh, dt), b = s->put(bv, sh, dt);
+    Tensor* r = o[i];
+    r[0] = s->empty(sh, dt);
+    s->be->relu_forward(a, r[0]);
+    r[1] = s->empty(sh, dt);
+    s->be->relu_backward(r[0], b, r[1]);
+    r[2] = s->empty(sh, dt);
+    s->be->add(a, b, r[2]);
+    r[3] = s->put(bv, sh, dt);
+    s->be->axpy(0.75f, a, r[3]);
+    s->be->scale(r[3], -1.5f);
+    r[4] = s->empty({pg.N, pg.P, pg.Q, pg.C}, dt);
+    r[5] = s->empty({pg.N, pg.P, pg.Q, pg.C}, DType::i32);
+    Tensor bpos = s->put(bv, sh, dt);  // no NaN for pooling
+    s->be->maxpool_forward(bpos, r[4], r[5], pg);
+    r[6] = s->empty(sh, dt);
+    s->be->maxpool_backward(r[4], r[5], r[6], pg);
+    r[7] = s->empty({sh[0], sh[3]}, dt);
+    s->be->global_avgpool_forward(bpos, r[7]);
+    r[8] = s->empty(sh, dt);
+    s->be->global_avgpool_backward(r[7], r[8]);
+    Tensor x = s->put(xl, {N, I}, dt), w = s->put(wl, {O, I}, dt), bias = s->put(bl, {O}, dt), dy = s->put(dyl, {N, O}, dt);
+    r[9] = s->empty({N, O}, dt);
+    s->be->linear_forward(x, w, bias, r[9]);
+    r[10] = s->empty({N, I}, dt);
+    r[11] = s->put(dwl, {O, I});
+    r[12] = s->put(dbl, {O});
+    s->be->linear_backward(x, w, dy, r[10], r[11], r[12]);
+    Tensor z = s->put(logits, {9, 10}, dt), lab = s->put_i32(labels);
+    r[13] = s->empty({9, 10});
+    loss[i] = s->be->softmax_xent_forward(z, lab, r[13]);
+    r[14] = s->empty({9, 10}, dt);
+    s->be->softmax_xent_backward(r[13], lab, 0.125f, r[14]);
+    r[15] = s->empty(sh, dt);
+    s->be->fill(r[15], 0.3f);
+    i++;
+  }
+  const double t = tol(dt);
+  expect_close("relu_forward", o[1][0], o[0][0], t);
+  expect_close("relu_backward", o[1][1], o[0][1], t);
+  expect_close("add", o[1][2], o[0][2], t);
+  expect_close("axpy + scale", o[1][3], o[0][3], t);
+  expect_close("maxpool_forward", o[1][4], o[0][4], t);
+  EXPECT_EQ(host_i32(o[1][5]), host_i32(o[0][5])) << "maxpool argmax";
+  expect_close("maxpool_backward", o[1][6], o[0][6], t);
+  expect_close("global_avgpool_forward", o[1][7], o[0][7], t);
+  expect_close("global_avgpool_backward", o[1][8], o[0][8], t);
+  expect_close("linear_forward", o[1][9], o[0][9], t);
+  expect_close("linear_backward dx", o[1][10], o[0][10], t);
+  expect_close("linear_backward dw (+=)", o[1][11], o[0][11], t);
+  expect_close("linear_backward db (+=)", o[1][12], o[0][12], t);
+  expect_close("softmax probabilities", o[1][13], o[0][13], t);
+  expect_close("softmax_xent_backward", o[1][14], o[0][14], t);
+  expect_close("fill", o[1][15], o[0][15], 0);
+  EXPECT_NEAR(loss[1].loss_sum, loss[0].loss_sum, 1e-5 + tol(dt) * std::abs(loss[0].loss_sum));
+  EXPECT_EQ(loss[1].correct, loss[0].correct);
+  // A label out of range is an error naming the sample on both backends.
+  for (Side* s : {cpu.get(), gpu.get()}) {
+    Tensor z = s->put(logits, {9, 10}), lab = s->put_i32({0, 1, 2, 3, 10, 5, 6, 7, 8}), p = s->empty({9, 10});
+    EXPECT_THROW(s->be->softmax_xent_forward(z, lab, p), ShapeError) << s->device.str();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaConformance, ::testing::Values(DType::f32, DType::f16, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+class CudaConformanceF32 : public CudaConformance {};
+
+TEST_P(CudaConformanceF32, CastsReductionsAndLossScaling) {
+  std::vector<float> v = randv(4099, 22, -70000.f, 70000.f);
+  v[0] = std::numeric_limits<float>::infinity();
+  v[1] = 65519.f;   // rounds to 65504 in f16
+  v[2] = 65520.f;   // overflows to inf in f16
+  v[3] = 1e-7f;     // f16 subnormal
+  v[4] = 2.5f;      // a tie in bf16
+  v[5] = -0.f;
+  for (DType from : {DType::f32, DType::f16, DType::bf16})
+    for (DType to : {DType::f32, DType::f16, DType::bf16}) {
+      Tensor c = cpu->empty({4099}, to), g = gpu->empty({4099}, to);
+      cpu->be->cast(cpu->put(v, {4099}, from), c);
+      gpu->be->cast(gpu->put(v, {4099}, from), g);
+      EXPECT_EQ(tensor_to_bytes(g), tensor_to_bytes(c)) << "cast " << dtype_name(from) << " -> " << dtype_name(to);
+    }
+  auto gv = randv(100003, 23);
+  Tensor gc = cpu->put(gv, {100003}), gg = gpu->put(gv, {100003});
+  EXPECT_NEAR(gpu->be->sum_squares(gg), cpu->be->sum_squares(gc), 1e-9 * cpu->be->sum_squares(gc));
+  std::vector<std::pair<int64_t, int64_t>> segs{{0, 10}, {16, 5000}, {5016, 94980}, {100002, 1}};
+  auto sc = cpu->be->segment_sum_squares(gc, segs), sg = gpu->be->segment_sum_squares(gg, segs);
+  for (size_t i = 0; i < segs.size(); ++i) EXPECT_NEAR(sg[i], sc[i], 1e-9 * sc[i] + 1e-12) << "segment " << i;
+  EXPECT_TRUE(cpu->be->unscale_check_finite(gc, 0.25f));
+  EXPECT_TRUE(gpu->be->unscale_check_finite(gg, 0.25f));
+  expect_close("unscale (finite)", gg, gc, 0);
+  gv[77777] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(cpu->be->unscale_check_finite(cpu->put(gv, {100003}), 0.5f));
+  EXPECT_FALSE(gpu->be->unscale_check_finite(gpu->put(gv, {100003}), 0.5f));
+  gv[77777] = -std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(gpu->be->unscale_check_finite(gpu->put(gv, {100003}), 0.5f));
+  auto var = randv(64, 24, 0.f, 3.f);
+  Tensor rc = cpu->empty({64}), rg = gpu->empty({64});
+  cpu->be->rsqrt_eps(cpu->put(var, {64}), rc, 1e-5f);
+  gpu->be->rsqrt_eps(gpu->put(var, {64}), rg, 1e-5f);
+  expect_close("rsqrt_eps", rg, rc, 2e-7);
+}
+
+// The optimizer classes (groups, LARS trust ratios, AdamW bias correction) over a real model's
+// registry, 3 steps with fixed gradients.
+TEST_P(CudaConformanceF32, Optimizers) {
+  models::ResNetConfig mc;
+  mc.arch = "resnet20";
+  mc.base_width = 4;
+  mc.height = mc.width = 8;
+  for (const char* name : {"sgd", "sgd-decoupled", "adamw", "lars"}) {
+    std::vector<float> result[2];
+    int i = 0;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      auto model = models::make_resnet(mc);
+      model->materialize(*s->pool, 7);
+      std::unique_ptr<optim::Optimizer> opt;
+      const std::string n = name;
+      if (n == "adamw") opt = std::make_unique<optim::AdamW>(model->registry(), model->num_params(), *s->pool, optim::AdamWOptions{});
+      else if (n == "lars") opt = std::make_unique<optim::Lars>(model->registry(), model->num_params(), *s->pool, optim::LarsOptions{});
+      else {
+        optim::SgdOptions so;
+        so.decoupled = n == "sgd-decoupled";
+        so.no_decay_bn_bias = so.decoupled;
+        opt = std::make_unique<optim::Sgd>(model->registry(), model->num_params(), *s->pool, so);
+      }
+      for (int step = 0; step < 3; ++step) {
+        auto g = randv(static_cast<size_t>(model->num_params()), 30 + step, -0.1f, 0.1f);
+        tensor_from_bytes(model->grads(), g.data(), g.size() * 4);
+        opt->step(model->params(), model->grads(), 0.1f);
+      }
+      optim::clip_grad_norm(model->grads(), 0.5);
+      result[i] = host_floats(model->params());
+      auto gr = host_floats(model->grads());
+      result[i].insert(result[i].end(), gr.begin(), gr.end());
+      i++;
+    }
+    const double d = replica::testing::max_rel_diff(result[1], result[0]);
+    EXPECT_LE(d, 1e-6) << name;
+    std::printf("  optimizer %-14s 3 steps + clip: %.2e\n", name, d);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(F32, CudaConformanceF32, ::testing::Values(DType::f32),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// 20 training steps of ResNet-20 on one GPU track the CPU run's losses.
+std::vector<double> train_losses(const std::string& devices, const std::string& precision) {
+  std::vector<std::string> sets = {"model.arch=resnet20",
+                                   "data.dataset=synthetic",
+                                   "data.synthetic_shape=[16,16,3]",
+                                   "data.mean=[0.5,0.5,0.5]",
+                                   "data.std=[0.25,0.25,0.25]",
+                                   "data.synthetic_size=2048",
+                                   "train.global_batch=64",
+                                   "train.max_steps=20",
+                                   "train.eval=false",
+                                   "train.precision=" + precision,
+                                   "train.run_dir=" + ::testing::TempDir() + "/cuda_conformance",
+                                   "optim.schedule=constant",
+                                   "optim.lr=0.05",
+                                   "memory.mode=growth",
+                                   "parallel.devices=" + devices};
+  auto cfg = train::parse_config("", "test", sets);
+  std::vector<double> losses;
+  train::Trainer t(cfg, {.print = false, .on_step = [&](const train::StepStatus& s) { losses.push_back(s.loss); }});
+  t.fit();
+  return losses;
+}
+
+TEST(CudaTraining, TwentyStepsOfResNet20TrackTheCpuRun) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  for (const char* precision : {"fp32", "fp16"}) {
+    auto c = train_losses("cpu:1", precision), g = train_losses("cuda:0", precision);
+    ASSERT_EQ(c.size(), 20u);
+    ASSERT_EQ(g.size(), 20u);
+    double worst = 0;
+    for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(g[i] - c[i]) / std::abs(c[i]));
+    // fp32: rounding differences grow through 20 SGD steps; fp16: plus 16-bit rounding everywhere.
+    EXPECT_LT(worst, std::string(precision) == "fp32" ? 2e-3 : 3e-2) << precision;
+    std::printf("  ResNet-20 %s 20 steps: loss %.4f -> %.4f (CPU %.4f -> %.4f), worst relative gap %.2e\n", precision,
+                g.front(), g.back(), c.front(), c.back(), worst);
+    EXPECT_LT(g.back(), g.front()) << "the GPU run learns";
+  }
+}
+
+}  // namespace
