@@ -112,15 +112,23 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
 int bench_train(const TrainBenchOptions& o) {
   const bool lead = !parallel::launched_by_mpi() || parallel::mpi_process().rank == 0;
   if (lead) {
-    std::printf("# replica bench train: img/s over %ld steps after %ld warm-up steps%s\n", (long)o.steps,
-                (long)o.warmup, parallel::launched_by_mpi() ? " (replica counts are per process)" : "");
+    std::printf("# replica bench train on %s: img/s over %ld steps after %ld warm-up steps%s\n", o.kind.c_str(),
+                (long)o.steps, (long)o.warmup, parallel::launched_by_mpi() ? " (replica counts are per process)" : "");
     std::printf("#%9s %12s %12s %12s %10s\n", "replicas", "global batch", "img/s", "vs first row", "efficiency");
   }
   double base = 0;
   int base_world = 1;
   for (int r : o.replicas) {
     auto sets = o.sets;
-    sets.push_back("parallel.devices=cpu:" + std::to_string(r));
+    if (o.kind == "cuda") {
+      std::string list = "cuda:";
+      for (int i = 0; i < r; ++i) list += (i ? "," : "") + std::to_string(i);
+      sets.push_back("parallel.devices=" + list);
+    } else if (o.kind == "cpu") {
+      sets.push_back("parallel.devices=cpu:" + std::to_string(r));
+    } else {
+      throw ConfigError("bench train --kind " + o.kind + ": expected cpu or cuda");
+    }
     sets.push_back("train.max_steps=" + std::to_string(o.steps + o.warmup));
     sets.push_back("train.eval=false");
     sets.push_back("train.run_dir=runs/bench-train");

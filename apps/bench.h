@@ -18,7 +18,8 @@ int bench_allreduce(const AllreduceBenchOptions& o);
 struct TrainBenchOptions {
   std::string config;               // empty: built-in default
   std::vector<std::string> sets;
-  std::vector<int> replicas{1, 2};  // runs cpu:N for each
+  std::vector<int> replicas{1, 2};  // runs cpu:N (or cuda:0..N-1) for each
+  std::string kind = "cpu";         // cpu or cuda
   int64_t steps = 30, warmup = 5;
 };
 // Training throughput for each replica count, and the scaling efficiency against 1 replica.

@@ -123,7 +123,9 @@ int main(int argc, char** argv) {
   ar_cmd->add_option("-f,--stepfactor", ar.factor, "size multiplier");
   ar_cmd->add_option("-n,--iters", ar.iters, "timed iterations per size");
   apps::TrainBenchOptions tb;
-  auto* tb_cmd = bench_cmd->add_subcommand("train", "training throughput for 1..N CPU replicas");
+  auto* tb_cmd = bench_cmd->add_subcommand("train", "training throughput for 1..N CPU or GPU replicas");
+  tb_cmd->add_option("--kind", tb.kind, "cpu (default) or cuda: the replicas are cpu:N or cuda:0..N-1")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   tb_cmd->add_option("config", tb.config, "YAML run configuration (default: built-in)");
   tb_cmd->add_option("--set", tb.sets, "override a key (repeatable)");
   tb_cmd->add_option("--replicas", tb.replicas, "replica counts to run, e.g. --replicas 1 2");

@@ -89,9 +89,9 @@ void load_samples(const Dataset& ds, const std::vector<int64_t>& idx, const Augm
 }
 
 ReplicaLoader::ReplicaLoader(const Dataset& ds, const Sharding& sharding, int rank, MemoryPool& pool,
-                             AugmentOptions aug, uint64_t seed, int prefetch)
+                             AugmentOptions aug, uint64_t seed, int prefetch, int workers)
     : ds_(ds), sh_(sharding), rank_(rank), pool_(pool), aug_(std::move(aug)), seed_(seed),
-      depth_(static_cast<size_t>(std::max(1, prefetch))) {
+      depth_(static_cast<size_t>(std::max(1, prefetch))), workers_(std::max(1, workers)) {
   const int64_t C = ds.sample_shape()[2];
   if (!aug_.mean.empty() && (static_cast<int64_t>(aug_.mean.size()) != C || aug_.std.size() != aug_.mean.size()))
     throw ConfigError("data.normalize: mean and std need " + std::to_string(C) + " values (one per channel) for " +
@@ -136,7 +136,29 @@ void ReplicaLoader::produce(int64_t epoch, int64_t first_step) {
         b.epoch = epoch;
         b.step = step;
         b.micro = micro;
-        load_samples(ds_, idx, aug_, true, seed_, epoch, b.images.data<float>(), b.labels.data<int32_t>());
+        const int parts = static_cast<int>(std::min<int64_t>(workers_, n));
+        if (parts <= 1) {
+          load_samples(ds_, idx, aug_, true, seed_, epoch, b.images.data<float>(), b.labels.data<int32_t>());
+        } else {  // each sample's content depends on its index only, so the split changes nothing
+          const int64_t per = s.numel(), chunk = (n + parts - 1) / parts;
+          std::vector<std::thread> ts;
+          std::vector<std::exception_ptr> errs(parts);
+          for (int p = 0; p < parts; ++p)
+            ts.emplace_back([&, p] {
+              try {
+                const int64_t lo = p * chunk, hi = std::min(n, lo + chunk);
+                if (lo >= hi) return;
+                std::vector<int64_t> sub(idx.begin() + lo, idx.begin() + hi);
+                load_samples(ds_, sub, aug_, true, seed_, epoch, b.images.data<float>() + lo * per,
+                             b.labels.data<int32_t>() + lo);
+              } catch (...) {
+                errs[p] = std::current_exception();
+              }
+            });
+          for (auto& t : ts) t.join();
+          for (auto& e : errs)
+            if (e) std::rethrow_exception(e);
+        }
         std::lock_guard<std::mutex> lock(m_);
         queue_.push_back(std::move(b));
         cv_.notify_all();

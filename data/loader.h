@@ -64,8 +64,10 @@ void load_samples(const Dataset& ds, const std::vector<int64_t>& idx, const Augm
 // order into a bounded queue; tensors come from the replica's pool (tag activations).
 class ReplicaLoader {
  public:
+  // workers > 1 splits each micro-batch across that many threads (GPU replicas, whose host
+  // cores are otherwise idle; a CPU replica keeps 1 so the loader does not take compute cores).
   ReplicaLoader(const Dataset& ds, const Sharding& sharding, int rank, MemoryPool& pool,
-                AugmentOptions aug, uint64_t seed, int prefetch = 2);
+                AugmentOptions aug, uint64_t seed, int prefetch = 2, int workers = 1);
   ~ReplicaLoader();
   // Starts producing epoch `epoch` from step `first_step` (a resumed run starts mid-epoch).
   void begin_epoch(int64_t epoch, int64_t first_step = 0);
@@ -85,6 +87,7 @@ class ReplicaLoader {
   AugmentOptions aug_;
   uint64_t seed_;
   size_t depth_;
+  int workers_;
   std::thread thread_;
   std::mutex m_;
   std::condition_variable cv_;

@@ -27,9 +27,22 @@ SyntheticDataset::SyntheticDataset(Shape sample, int64_t classes, int64_t size, 
     : sample_(sample), classes_(classes), size_(size), seed_(seed) {}
 
 int32_t SyntheticDataset::get(int64_t index, float* out) const {
-  std::mt19937 rng(static_cast<uint32_t>(seed_ * 7919 + index));
-  std::uniform_real_distribution<float> d(0.f, 1.f);
-  for (int64_t i = 0; i < sample_.numel(); ++i) out[i] = d(rng);
+  // splitmix64, two 24-bit uniforms per step: ~1 ns a pixel, so a 224x224x3 sample takes ~0.1 ms
+  // and one loader thread feeds a GPU (mt19937 took 0.75 ms, slower than an H200 trains).
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  // The start is itself mixed: consecutive indices must not give shifted copies of one stream.
+  uint64_t x = mix(mix(seed_ * 7919 + 1) ^ static_cast<uint64_t>(index));
+  const int64_t n = sample_.numel();
+  for (int64_t i = 0; i < n; i += 2) {
+    x += 0x9e3779b97f4a7c15ull;
+    const uint64_t z = mix(x);
+    out[i] = static_cast<float>(z >> 40) * 0x1p-24f;
+    if (i + 1 < n) out[i + 1] = static_cast<float>((z >> 16) & 0xffffff) * 0x1p-24f;
+  }
   return static_cast<int32_t>(index % classes_);
 }
 

@@ -10,11 +10,14 @@ arch="${1:-90}"
 out="${2:-gpu-bundle}"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DREPLICA_CUDA=ON -DREPLICA_NATIVE=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
-cmake --build build-gpu -j "$(nproc)" --target replica test_core_gpu test_nccl
+cmake --build build-gpu -j "$(nproc)" --target replica test_core_gpu test_nccl test_cuda_conformance
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-cp build-gpu/apps/replica build-gpu/tests/test_core_gpu build-gpu/tests/test_nccl "$out/bin/"
+cp build-gpu/apps/replica build-gpu/tests/test_core_gpu build-gpu/tests/test_nccl build-gpu/tests/test_cuda_conformance "$out/bin/"
 cp scripts/gpu-check.sh "$out/"
+mkdir -p "$out/configs" "$out/bench/anchors"
+cp configs/*.yaml "$out/configs/"
+cp bench/anchors/torch_resnet50_amp.py "$out/bench/anchors/"
 for b in "$out"/bin/*; do
   ldd "$b" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do

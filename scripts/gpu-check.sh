@@ -1,43 +1,78 @@
 #!/usr/bin/env bash
-# The GPU check, for any machine with an NVIDIA GPU: runs the gpu-labelled tests and the NCCL
-# all-reduce benchmark, printing each phase's time, and writes a summary to $OUT/gpu-summary.txt
-# when $OUT is set. Works from a bundle (scripts/gpu-bundle.sh, for machines without build
-# tools: CUDA libraries are taken from the system or from Python's nvidia-* wheels) or from a
-# source checkout with the build dependencies (it then builds build-gpu itself).
+# The GPU check, for any machine with an NVIDIA GPU: the gpu-labelled tests (pools, NCCL, the CUDA
+# backend's conformance to the CPU one), the NCCL all-reduce benchmark, and ResNet-50 training
+# throughput (synthetic 224x224, fp16 and bf16) beside PyTorch AMP channels_last on the same GPU
+# in the same run. Prints each phase's time and writes a summary to $OUT/gpu-summary.txt when
+# $OUT is set. Works from a bundle (scripts/gpu-bundle.sh, for machines without build tools: CUDA
+# libraries come from the system or from Python's nvidia-* wheels) or from a source checkout with
+# the build dependencies (it then builds build-gpu itself). Budget: under 8 minutes on one H200.
 #   scripts/gpu-check.sh            (in a bundle folder or at the repository root)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 summary="${OUT:-/tmp}/gpu-summary.txt"
 : > "$summary"
 log() { echo "$*" | tee -a "$summary"; }
-phase() {
-  local name="$1"; shift
+phase() {  # phase NAME SECONDS command...
+  local name="$1" limit="$2"; shift 2
   local t0=$(date +%s)
-  "$@" 2>&1 | tee -a "$summary"
+  timeout "$limit" "$@" 2>&1 | tee -a "$summary" | tee "/tmp/phase-$name.log"
   local rc=${PIPESTATUS[0]}
-  log "## phase '$name': exit $rc, $(( $(date +%s) - t0 )) s"
+  log "## phase '$name': exit $rc, $(( $(date +%s) - t0 )) s (limit $limit s)"
 }
 
 if [ -d "$here/bin" ]; then
   bin="$here/bin"
+  tests="$here/bin"
+  root="$here"
   libs="$here/lib"
-  # CUDA libraries from Python wheels when the system has none
-  for d in $(python3 -c 'import site,glob; print(" ".join(glob.glob(site.getsitepackages()[0]+"/nvidia/*/lib")))' 2>/dev/null); do
-    libs="$libs:$d"
-  done
+  # CUDA libraries (cuDNN, cuBLAS, NCCL) from Python's nvidia-* wheels when the system has none
+  for d in $(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+seen = set()
+for sp in site.getsitepackages():
+    for so in glob.glob(os.path.join(sp, "nvidia", "**", "lib*.so*"), recursive=True):
+        seen.add(os.path.dirname(so))
+print(" ".join(sorted(seen)))
+PY
+); do libs="$libs:$d"; done
   export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
 else
   root="$(cd "$here/.." && pwd)"
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
-  phase build cmake -S "$root" -B "$root/build-gpu" -G Ninja -DREPLICA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}"
-  phase build2 cmake --build "$root/build-gpu" -j "$(nproc)" --target replica test_core_gpu test_nccl
+  phase configure 300 cmake -S "$root" -B "$root/build-gpu" -G Ninja -DREPLICA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}"
+  phase build 900 cmake --build "$root/build-gpu" -j "$(nproc)" --target replica test_core_gpu test_nccl test_cuda_conformance
   bin="$root/build-gpu/apps"
-  cp "$root/build-gpu/tests/test_core_gpu" "$root/build-gpu/tests/test_nccl" "$bin/" 2>/dev/null
+  tests="$root/build-gpu/tests"
 fi
 log "# replica gpu check on $(hostname), $(date -u)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$summary"
-phase devices "$bin/replica" devices --devices cuda
-phase gpu-pool-tests "$bin/test_core_gpu"
-phase nccl-tests "$bin/test_nccl"
-phase nccl-allreduce-bench "$bin/replica" bench allreduce --devices cuda -b 8 -e 256M -f 4
-log "# not yet run here: ResNet-50 training on GPU (the CUDA op backend is not written yet)"
+for b in "$bin/replica" "$tests/test_cuda_conformance"; do
+  missing=$(ldd "$b" 2>/dev/null | grep "not found")
+  [ -n "$missing" ] && log "# $b cannot find: $missing"
+done
+phase devices 30 "$bin/replica" devices --devices cuda
+phase gpu-pool-tests 60 "$tests/test_core_gpu"
+phase nccl-tests 60 "$tests/test_nccl"
+phase conformance 150 "$tests/test_cuda_conformance"
+phase nccl-allreduce-bench 60 "$bin/replica" bench allreduce --devices cuda -b 8 -e 256M -f 4
+
+# ResNet-50, one GPU, batch 256: replica and PyTorch AMP channels_last side by side.
+cfg="$root/configs/resnet50_synthetic_gpu.yaml"
+rate() { awk '!/^#/ && NF == 5 {print $3}' "/tmp/phase-$1.log" | tail -1; }
+torch_rate() { sed -n 's/.*: \([0-9.]*\) img\/s.*/\1/p' "/tmp/phase-$1.log" | tail -1; }
+have_torch=0
+python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2>/dev/null && have_torch=1
+for prec in fp16 bf16; do
+  phase "replica-resnet50-$prec" 150 "$bin/replica" bench train "$cfg" --kind cuda --replicas 1 --steps 20 --warmup 5 \
+        --set train.global_batch=256 --set train.micro_batch=256 --set train.precision=$prec
+  if [ $have_torch = 1 ]; then
+    phase "torch-resnet50-$prec" 120 python3 "$root/bench/anchors/torch_resnet50_amp.py" --dtype $prec --batch 256 --steps 20 --warmup 5
+  fi
+  r=$(rate "replica-resnet50-$prec"); t=$(torch_rate "torch-resnet50-$prec")
+  if [ -n "$r" ] && [ -n "$t" ]; then
+    log "# ResNet-50 $prec batch 256: replica $r img/s, PyTorch AMP channels_last $t img/s, ratio $(awk -v a="$r" -v b="$t" 'BEGIN{printf "%.2f", a/b}')x"
+  else
+    log "# ResNet-50 $prec: replica '${r:-none}' img/s, PyTorch '${t:-not run}' img/s"
+  fi
+done
+log "# done"

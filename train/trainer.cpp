@@ -193,8 +193,12 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     so.timeline = timeline_.get();
     st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
     st.staging = make_staging_pool(rep.device());
+    // A GPU replica's host cores are free: its loader uses a share of them.
+    const int workers = rep.device().kind == DeviceKind::cuda
+                            ? std::max(1, std::min(8, host_core_count() / std::max(1, group_->size()) - 1))
+                            : 1;
     st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), st.input_pool(rep), aug_,
-                                                      cfg_.train.seed, cfg_.data.prefetch);
+                                                      cfg_.train.seed, cfg_.data.prefetch, workers);
   });
   if (!opts_.resume.empty()) load_resume_point();
 }
