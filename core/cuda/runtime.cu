@@ -85,7 +85,8 @@ class PinnedUpstream : public Upstream {
  public:
   void* allocate(size_t bytes) override {
     void* p = nullptr;
-    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    // Portable: pinned for every GPU's context, whichever thread allocates it (loader threads).
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
       cudaGetLastError();
       return nullptr;
     }

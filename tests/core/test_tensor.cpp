@@ -41,6 +41,30 @@ TEST(Tensor, HostCopy) {
   EXPECT_THROW(copy_tensor(a, c), ShapeError);
 }
 
+TEST(Tensor, HostRoundTripsAndStagingWorkOnAnyDevice) {
+  // The device-agnostic helpers checkpoints, model files and input staging use (on a CPU pool
+  // here; the gpu tests run them on a GPU pool).
+  PoolOptions o;
+  auto pool = make_pool({DeviceKind::cpu, 0}, o);
+  auto other = make_pool({DeviceKind::cpu, 0}, o);
+  Tensor t = Tensor::zeros(*pool, {4}, DType::f16, MemTag::other);
+  EXPECT_EQ(host_floats(t), std::vector<float>(4, 0.f));
+  const float v[4] = {1.f, -2.5f, 65504.f, 0.1f};
+  std::vector<char> h(8);
+  convert(v, DType::f32, h.data(), DType::f16, 4);
+  tensor_from_bytes(t, h.data(), h.size());
+  EXPECT_EQ(tensor_to_bytes(t), std::string(h.data(), h.size()));
+  auto f = host_floats(t);
+  EXPECT_EQ(f[2], 65504.f);
+  EXPECT_NEAR(f[3], 0.1f, 1e-4);
+  EXPECT_THROW(tensor_from_bytes(t, h.data(), 6), ShapeError);
+  EXPECT_EQ(to_pool(t, *pool, MemTag::data).raw(), t.raw()) << "already there: no copy";
+  Tensor c = to_pool(t, *other, MemTag::data);
+  EXPECT_EQ(c.pool(), other.get());
+  EXPECT_EQ(c.tag(), MemTag::data);
+  EXPECT_EQ(tensor_to_bytes(c), tensor_to_bytes(t));
+}
+
 TEST(Shape, RejectsNegativeAndCounts) {
   EXPECT_THROW(Shape({2, -1}), ShapeError);
   EXPECT_EQ(Shape({2, 3, 4}).numel(), 24);

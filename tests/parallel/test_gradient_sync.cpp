@@ -89,3 +89,52 @@ TEST(GradientSync, DivergedReplicasAreAnErrorNamingTheRank) {
     EXPECT_NE(errors[r].find("rank(s) 2"), std::string::npos) << errors[r];
   }
 }
+
+TEST(GradientSync, SixteenBitWireGoesThroughTheGivenCast) {
+  // A GPU replica hands GradientSync its backend's cast; the host conversion is the default.
+  const int world = 2;
+  auto comms = make_host_communicators(world);
+  std::vector<std::thread> ts;
+  std::vector<int> casts(world);
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto pool = make_pool({DeviceKind::cpu, r}, PoolOptions{});
+      std::vector<int64_t> offs{0, 500};
+      Tensor g = Tensor::zeros(*pool, {1000}, DType::f32, MemTag::grads);
+      BucketOptions o{.bucket_mb = 0.001, .first_bucket_mb = 0.001, .wire = DType::bf16, .staging_pool = pool.get()};
+      o.cast = [&, r](const Tensor& a, const Tensor& b) {
+        casts[r]++;
+        convert(a.raw(), a.dtype(), b.raw(), b.dtype(), static_cast<size_t>(a.numel()));
+      };
+      GradientSync gs(offs, g, *comms[r], o);
+      std::fill_n(g.data<float>(), 1000, r == 0 ? 1.f : 2.f);
+      gs.begin(true);
+      gs.ready(1, 1);
+      gs.ready(0, 1);
+      gs.finish();
+      EXPECT_EQ(g.data<float>()[0], 1.5f);
+      EXPECT_EQ(g.data<float>()[999], 1.5f);
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(casts[0], 4) << "2 buckets, one cast each way";
+  EXPECT_EQ(casts[1], 4);
+}
+
+TEST(GradientSync, HostCollectivesPassStraightThroughAHostCommunicator) {
+  const int world = 2;
+  auto comms = make_host_communicators(world);
+  std::vector<std::thread> ts;
+  std::vector<std::vector<float>> gathered(world);
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      EXPECT_FALSE(comms[r]->device_buffers());
+      float v[2] = {static_cast<float>(r), 10.f};
+      all_reduce_host(*comms[r], nullptr, v, 2, ReduceOp::sum);  // no pool needed on the host
+      EXPECT_EQ(v[0], 1.f);
+      EXPECT_EQ(v[1], 20.f);
+      gathered[r].resize(4);
+      all_gather_host(*comms[r], nullptr, v, gathered[r].data(), 2);
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(gathered[1], (std::vector<float>{1.f, 20.f, 1.f, 20.f}));
+}
