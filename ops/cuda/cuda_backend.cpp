@@ -283,7 +283,10 @@ class CudaBackend final : public Backend {
     return "cuda (cuDNN " + std::to_string(cudnnGetVersion()) + ", cuBLAS)";
   }
 
-  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g, MemoryPool& ws) override {
+  void conv2d_forward(const Tensor& x_in, const Tensor& w, const Tensor& y, const ConvGeom& g,
+                      MemoryPool& ws) override {
+    // f32 images into a 16-bit model (the stem): rounded to the model's dtype, as autocast does.
+    const Tensor x = as_dtype(x_in, w.dtype(), ws);
     check_conv(x, w, y, "conv2d_forward");
     auto& ts = state();
     ConvPlan& p = plan_for(ts, g, x.dtype());
@@ -340,8 +343,9 @@ class CudaBackend final : public Backend {
     });
   }
 
-  void conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const ConvGeom& g,
+  void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy, const Tensor& dw, const ConvGeom& g,
                               MemoryPool& ws) override {
+    const Tensor x = as_dtype(x_in, dy.dtype(), ws);
     check_conv(x, dy, dy, "conv2d_backward_filter");
     require_f32(dw, "conv2d_backward_filter (weight gradient)");
     auto& ts = state();
@@ -618,6 +622,15 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // t itself, or a copy rounded to dt in the workspace pool.
+  static Tensor as_dtype(const Tensor& t, DType dt, MemoryPool& ws) {
+    if (t.dtype() == dt) return t;
+    require_float(t, "conv input");
+    Tensor c = Tensor::empty(ws, t.shape(), dt, MemTag::workspace);
+    cuk::cast(dp(t), dp(c), t.numel(), stream());
+    return c;
+  }
+
   static int channels(const Tensor& x) {
     require_float(x, "batchnorm");
     return as_int(x.shape()[x.shape().rank() - 1], "batchnorm");

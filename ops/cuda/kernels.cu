@@ -471,9 +471,14 @@ void fill(DPtr y, float v, int64_t n, cudaStream_t s) { LAUNCH(k_fill, n, s, y, 
 void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) { LAUNCH(k_scale, n, s, y, alpha, n); }
 void rsqrt_eps(const float* x, float* y, float eps, int64_t n, cudaStream_t s) { LAUNCH(k_rsqrt_eps, n, s, x, y, eps, n); }
 
+// Reductions into one address: a bounded grid, so a few thousand atomics finish the sum.
+int reduce_grid(int64_t n) { return std::min(grid_for(n), 2048); }
+
 void sum_squares(const float* x, int64_t n, double* out, cudaStream_t s) {
   REPLICA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), s));
-  LAUNCH(k_sum_squares, n, s, x, n, out);
+  if (n <= 0) return;
+  k_sum_squares<<<reduce_grid(n), kThreads, 0, s>>>(x, n, out);
+  check_launch("k_sum_squares");
 }
 
 void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* counts, int segments, double* out,
@@ -484,7 +489,9 @@ void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* 
 }
 
 void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s) {
-  LAUNCH(k_unscale_check, n, s, g, n, inv_scale, nonfinite);
+  if (n <= 0) return;
+  k_unscale_check<<<reduce_grid(n), kThreads, 0, s>>>(g, n, inv_scale, nonfinite);
+  check_launch("k_unscale_check");
 }
 
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd, float dwd,

@@ -122,6 +122,20 @@ TEST_P(CudaConformance, Convolution) {
     expect_close("conv2d_forward", y[1], y[0], tol(dt));
     expect_close("conv2d_backward_data", dx[1], dx[0], tol(dt));
     expect_close("conv2d_backward_filter (+=)", dw[1], dw[0], tol(dt));
+    if (dt != DType::f32) {  // the stem of a 16-bit model: f32 images, 16-bit filter and output
+      Tensor ym[2], dwm[2];
+      i = 0;
+      for (Side* s : {cpu.get(), gpu.get()}) {
+        Tensor x = s->put(xv, {g.N, g.H, g.W, g.C}), w = s->put(wv, {g.K, g.R, g.S, g.C}, dt);
+        ym[i] = s->empty({g.N, g.P, g.Q, g.K}, dt);
+        dwm[i] = s->put(dw0, {g.K, g.R, g.S, g.C});
+        s->be->conv2d_forward(x, w, ym[i], g, *s->pool);
+        s->be->conv2d_backward_filter(x, s->put(dyv, {g.N, g.P, g.Q, g.K}, dt), dwm[i], g, *s->pool);
+        i++;
+      }
+      expect_close("conv2d_forward, f32 input", ym[1], ym[0], tol(dt));
+      expect_close("conv2d_backward_filter, f32 input", dwm[1], dwm[0], tol(dt));
+    }
   }
 }
 
