@@ -359,6 +359,9 @@ std::vector<double> train_losses(const std::string& devices, const std::string& 
                                    "optim.lr=0.05",
                                    "memory.mode=growth",
                                    "parallel.devices=" + devices};
+  // A static loss scale in fp16: the GPU computes filter gradients in 16 bits (as PyTorch AMP
+  // does) and would skip the first steps at 65536 where the CPU, accumulating in f32, does not.
+  if (precision == "fp16") sets.push_back("train.loss_scale=128");
   auto cfg = train::parse_config("", "test", sets);
   std::vector<double> losses;
   train::Trainer t(cfg, {.print = false, .on_step = [&](const train::StepStatus& s) { losses.push_back(s.loss); }});
