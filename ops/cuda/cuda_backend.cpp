@@ -256,6 +256,25 @@ void pick(ConvPlan& p, int dir, const Perf* perf, int n, size_t cap, const ConvG
                     "; raise REPLICA_CUDNN_WORKSPACE_MB");
 }
 
+// Chooses direction `dir`'s algorithm once: `find(perf, &n, workspace, bytes)` times them all
+// (cudnnFind*Ex), `heuristic(perf, &n)` asks cuDNN's ranking (cudnnGet*_v7).
+template <typename Perf, int Count, typename Find, typename Heuristic>
+void choose(ConvPlan& p, int dir, MemoryPool& pool, const ConvGeom& g, const char* what, Find&& find,
+            Heuristic&& heuristic) {
+  if (p.chosen[dir]) return;
+  Perf perf[Count];
+  int n = 0;
+  size_t cap = workspace_cap();
+  if (use_find()) {
+    Tensor ws = find_workspace(pool, cap);
+    cap = ws.defined() ? ws.nbytes() : 0;
+    find(perf, &n, ws.defined() ? ws.raw() : nullptr, cap);
+  } else {
+    heuristic(perf, &n);
+  }
+  pick(p, dir, perf, n, cap, g, what);
+}
+
 // Runs `call(algo, ws_ptr, ws_bytes)` with the chosen algorithm and a pool workspace, or with the
 // no-workspace fallback when the pool cannot give the workspace.
 template <typename Call>
@@ -290,22 +309,17 @@ class CudaBackend final : public Backend {
     check_conv(x, w, y, "conv2d_forward");
     auto& ts = state();
     ConvPlan& p = plan_for(ts, g, x.dtype());
-    if (!p.chosen[0]) {
-      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-      int n = 0;
-      size_t cap = workspace_cap();
-      if (use_find()) {
-        Tensor fw = find_workspace(ws, cap);
-        cap = fw.defined() ? fw.nbytes() : 0;
-        REPLICA_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(ts.cudnn, p.x, x.raw(), p.w, w.raw(), p.conv[0], p.y,
-                                                                   y.raw(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf,
-                                                                   fw.defined() ? fw.raw() : nullptr, cap));
-      } else {
-        REPLICA_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ts.cudnn, p.x, p.w, p.conv[0], p.y,
-                                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
-      }
-      pick(p, 0, perf, n, cap, g, "forward");
-    }
+    choose<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+        p, 0, ws, g, "forward",
+        [&](auto* perf, int* n, void* wsp, size_t cap) {
+          REPLICA_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(ts.cudnn, p.x, x.raw(), p.w, w.raw(), p.conv[0],
+                                                                     p.y, y.raw(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, n,
+                                                                     perf, wsp, cap));
+        },
+        [&](auto* perf, int* n) {
+          REPLICA_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ts.cudnn, p.x, p.w, p.conv[0], p.y,
+                                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, n, perf));
+        });
     const float alpha = 1.f, beta = 0.f;
     run_conv(p, 0, ws, g, [&](int algo, void* wsp, size_t wsb) {
       REPLICA_CUDNN_CHECK(cudnnConvolutionForward(ts.cudnn, &alpha, p.x, x.raw(), p.w, w.raw(), p.conv[0],
@@ -319,22 +333,18 @@ class CudaBackend final : public Backend {
     check_conv(dx, w, dy, "conv2d_backward_data");
     auto& ts = state();
     ConvPlan& p = plan_for(ts, g, dy.dtype());
-    if (!p.chosen[1]) {
-      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-      int n = 0;
-      size_t cap = workspace_cap();
-      if (use_find()) {
-        Tensor fw = find_workspace(ws, cap);
-        cap = fw.defined() ? fw.nbytes() : 0;
-        REPLICA_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-            ts.cudnn, p.w, w.raw(), p.y, dy.raw(), p.conv[1], p.x, dx.raw(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n,
-            perf, fw.defined() ? fw.raw() : nullptr, cap));
-      } else {
-        REPLICA_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ts.cudnn, p.w, p.y, p.conv[1], p.x,
-                                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
-      }
-      pick(p, 1, perf, n, cap, g, "backward-data");
-    }
+    choose<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+        p, 1, ws, g, "backward-data",
+        [&](auto* perf, int* n, void* wsp, size_t cap) {
+          REPLICA_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(ts.cudnn, p.w, w.raw(), p.y, dy.raw(),
+                                                                          p.conv[1], p.x, dx.raw(),
+                                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, n, perf,
+                                                                          wsp, cap));
+        },
+        [&](auto* perf, int* n) {
+          REPLICA_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ts.cudnn, p.w, p.y, p.conv[1], p.x,
+                                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, n, perf));
+        });
     const float alpha = 1.f, beta = 0.f;
     run_conv(p, 1, ws, g, [&](int algo, void* wsp, size_t wsb) {
       REPLICA_CUDNN_CHECK(cudnnConvolutionBackwardData(ts.cudnn, &alpha, p.w, w.raw(), p.y, dy.raw(), p.conv[1],
@@ -355,22 +365,19 @@ class CudaBackend final : public Backend {
     const bool direct = x.dtype() == DType::f32;
     Tensor target = direct ? dw : Tensor::empty(ws, dw.shape(), x.dtype(), MemTag::workspace);
     if (!p.chosen[2]) {
-      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-      int n = 0;
-      size_t cap = workspace_cap();
-      if (use_find()) {
-        // Timing writes its output: never into the accumulating gradient.
-        Tensor out = direct ? Tensor::empty(ws, dw.shape(), x.dtype(), MemTag::workspace) : target;
-        Tensor fw = find_workspace(ws, cap);
-        cap = fw.defined() ? fw.nbytes() : 0;
-        REPLICA_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-            ts.cudnn, p.x, x.raw(), p.y, dy.raw(), p.conv[2], p.w, out.raw(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-            &n, perf, fw.defined() ? fw.raw() : nullptr, cap));
-      } else {
-        REPLICA_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            ts.cudnn, p.x, p.y, p.conv[2], p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
-      }
-      pick(p, 2, perf, n, cap, g, "backward-filter");
+      // Timing writes its output: never into the accumulating gradient.
+      Tensor out = direct ? Tensor::empty(ws, dw.shape(), x.dtype(), MemTag::workspace) : target;
+      choose<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+          p, 2, ws, g, "backward-filter",
+          [&](auto* perf, int* n, void* wsp, size_t cap) {
+            REPLICA_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                ts.cudnn, p.x, x.raw(), p.y, dy.raw(), p.conv[2], p.w, out.raw(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                n, perf, wsp, cap));
+          },
+          [&](auto* perf, int* n) {
+            REPLICA_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                ts.cudnn, p.x, p.y, p.conv[2], p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, n, perf));
+          });
     }
     const float alpha = 1.f, beta = direct ? 1.f : 0.f;
     run_conv(p, 2, ws, g, [&](int algo, void* wsp, size_t wsb) {
