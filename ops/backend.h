@@ -49,28 +49,34 @@ class Backend {
   // Batch norm over N*H*W per channel (last dim). Train: batch statistics (summed across
   // replicas by `allreduce` when given), saves mean and inverse std, updates running stats with
   // the unbiased variance (PyTorch's convention). dgamma/dbeta accumulate (+=).
+  // relu: a ReLU follows, fused into the same pass (y = max(bn(x), 0)). Its backward takes the
+  // output as relu_y and masks dy with relu_y > 0 first (possibly in place: the caller hands dy
+  // over, as to an in-place ReLU); an undefined relu_y means no ReLU.
   virtual void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                        const Tensor& y, const Tensor& save_mean,
                                        const Tensor& save_invstd, const Tensor& running_mean,
                                        const Tensor& running_var, float momentum, float eps,
-                                       const AllReduceFn& allreduce) = 0;
+                                       const AllReduceFn& allreduce, bool relu) = 0;
   virtual void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       const Tensor& y, const Tensor& running_mean,
-                                      const Tensor& running_var, float eps) = 0;
+                                      const Tensor& running_var, float eps, bool relu) = 0;
   virtual void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                   const Tensor& save_mean, const Tensor& save_invstd,
                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                                  const AllReduceFn& allreduce) = 0;
+                                  const AllReduceFn& allreduce, const Tensor& relu_y) = 0;
 
   // Batch norm with fixed statistics (eval-mode forward in training): dx = dy * gamma * invstd.
   virtual void batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                          const Tensor& mean, const Tensor& invstd, const Tensor& dx,
-                                         const Tensor& dgamma, const Tensor& dbeta) = 0;
+                                         const Tensor& dgamma, const Tensor& dbeta,
+                                         const Tensor& relu_y) = 0;
 
   // Elementwise. relu_backward masks with the forward output y.
   virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
   virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  // y = max(a + b, 0): a residual block's join, one pass.
+  virtual void add_relu(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
   // y += alpha * x
   virtual void axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
   virtual void fill(const Tensor& y, float value) = 0;

@@ -17,20 +17,21 @@ class CpuBackend : public Backend {
   void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
                                const Tensor& running_mean, const Tensor& running_var,
-                               float momentum, float eps, const AllReduceFn& allreduce) override;
+                               float momentum, float eps, const AllReduceFn& allreduce, bool relu) override;
   void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               const Tensor& y, const Tensor& running_mean,
-                              const Tensor& running_var, float eps) override;
+                              const Tensor& running_var, float eps, bool relu) override;
   void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                           const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                           const Tensor& dgamma, const Tensor& dbeta,
-                          const AllReduceFn& allreduce) override;
+                          const AllReduceFn& allreduce, const Tensor& relu_y) override;
   void batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                  const Tensor& mean, const Tensor& invstd, const Tensor& dx,
-                                 const Tensor& dgamma, const Tensor& dbeta) override;
+                                 const Tensor& dgamma, const Tensor& dbeta, const Tensor& relu_y) override;
   void relu_forward(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void add_relu(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void axpy(float alpha, const Tensor& x, const Tensor& y) override;
   void fill(const Tensor& y, float value) override;
   void scale(const Tensor& y, float alpha) override;

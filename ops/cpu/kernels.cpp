@@ -50,16 +50,25 @@ void channel_sums(int64_t M, int64_t C, std::vector<double>& acc, int64_t acc_of
   }
 }
 
+// y = x * a[c] + b[c], then max(., 0) when a ReLU is fused (NaN stays NaN, as relu_forward).
+void apply_affine(const float* px, float* py, int64_t M, int64_t C, const float* a, const float* b, bool relu) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = px[i * C + c] * a[c] + b[c];
+      py[i * C + c] = relu && v < 0.f ? 0.f : v;
+    }
+}
+
 }  // namespace
 
 void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          const Tensor& y, const Tensor& save_mean,
                                          const Tensor& save_invstd, const Tensor& running_mean,
                                          const Tensor& running_var, float momentum, float eps,
-                                         const AllReduceFn& allreduce) {
+                                         const AllReduceFn& allreduce, bool relu) {
   if (run_in_f32({In(x), In(gamma), In(beta), Out(y)}, [&](auto& t) {
         batchnorm_forward_train(t[0], t[1], t[2], t[3], save_mean, save_invstd, running_mean,
-                                running_var, momentum, eps, allreduce);
+                                running_var, momentum, eps, allreduce, relu);
       }))
     return;
   require_f32(x, "batchnorm_forward_train");
@@ -100,16 +109,14 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
     rm[c] = static_cast<float>((1 - momentum) * rm[c] + momentum * mean[c]);
     rv[c] = static_cast<float>((1 - momentum) * rv[c] + momentum * unbiased);
   }
-  float* py = y.data<float>();
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t c = 0; c < C; ++c) py[i * C + c] = px[i * C + c] * a[c] + b[c];
+  apply_affine(px, y.data<float>(), M, C, a.data(), b.data(), relu);
 }
 
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                         const Tensor& y, const Tensor& running_mean,
-                                        const Tensor& running_var, float eps) {
+                                        const Tensor& running_var, float eps, bool relu) {
   if (run_in_f32({In(x), In(gamma), In(beta), Out(y)}, [&](auto& t) {
-        batchnorm_forward_eval(t[0], t[1], t[2], t[3], running_mean, running_var, eps);
+        batchnorm_forward_eval(t[0], t[1], t[2], t[3], running_mean, running_var, eps, relu);
       }))
     return;
   require_f32(x, "batchnorm_forward_eval");
@@ -120,19 +127,17 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, co
     a[c] = gamma.data<float>()[c] * inv;
     b[c] = beta.data<float>()[c] - running_mean.data<float>()[c] * a[c];
   }
-  const float* px = x.data<float>();
-  float* py = y.data<float>();
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t c = 0; c < C; ++c) py[i * C + c] = px[i * C + c] * a[c] + b[c];
+  apply_affine(x.data<float>(), y.data<float>(), M, C, a.data(), b.data(), relu);
 }
 
 void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                     const Tensor& save_mean, const Tensor& save_invstd,
                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                                    const AllReduceFn& allreduce) {
+                                    const AllReduceFn& allreduce, const Tensor& relu_y) {
+  if (relu_y.defined()) relu_backward(relu_y, dy, dy);  // the fused ReLU's mask, in place
   if (run_in_f32({In(dy), In(x), In(gamma), Out(dx)}, [&](auto& t) {
         batchnorm_backward(t[0], t[1], t[2], save_mean, save_invstd, t[3], dgamma, dbeta,
-                           allreduce);
+                           allreduce, Tensor());
       }))
     return;
   const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
@@ -185,9 +190,10 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
 
 void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                            const Tensor& mean, const Tensor& invstd, const Tensor& dx,
-                                           const Tensor& dgamma, const Tensor& dbeta) {
+                                           const Tensor& dgamma, const Tensor& dbeta, const Tensor& relu_y) {
+  if (relu_y.defined()) relu_backward(relu_y, dy, dy);
   if (run_in_f32({In(dy), In(x), In(gamma), Out(dx)}, [&](auto& t) {
-        batchnorm_backward_frozen(t[0], t[1], t[2], mean, invstd, t[3], dgamma, dbeta);
+        batchnorm_backward_frozen(t[0], t[1], t[2], mean, invstd, t[3], dgamma, dbeta, Tensor());
       }))
     return;
   const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
@@ -240,6 +246,19 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   const float* pb = b.data<float>();
   float* py = y.data<float>();
   for (int64_t i = 0, n = a.numel(); i < n; ++i) py[i] = pa[i] + pb[i];
+}
+
+void CpuBackend::add_relu(const Tensor& a, const Tensor& b, const Tensor& y) {
+  if (run_in_f32({In(a), In(b), Out(y)}, [&](auto& t) { add_relu(t[0], t[1], t[2]); })) return;
+  require_same(a, b, "add_relu");
+  require_same(a, y, "add_relu");
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* py = y.data<float>();
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) {
+    const float v = pa[i] + pb[i];
+    py[i] = v < 0.f ? 0.f : v;
+  }
 }
 
 void CpuBackend::axpy(float alpha, const Tensor& x, const Tensor& y) {

@@ -390,73 +390,74 @@ class CudaBackend final : public Backend {
 
   void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
                                const Tensor& save_mean, const Tensor& save_invstd, const Tensor& running_mean,
-                               const Tensor& running_var, float momentum, float eps,
-                               const AllReduceFn& allreduce) override {
+                               const Tensor& running_var, float momentum, float eps, const AllReduceFn& allreduce,
+                               bool relu) override {
     const int C = channels(x);
     const int64_t M = x.numel() / C;
     auto& ts = state();
     cudaStream_t s = stream();
-    // scratch: acc[C + 1] (sums, count) | sq[C] doubles | f[C + 1] floats | mean[C] | a[C] | b[C]
+    // scratch: acc[2C + 1] doubles (shifted sums, count, shifted squares) | f[2C + 1] floats for
+    // the sync-BN reduction | a[C] | b[C]
     char* base = static_cast<char*>(ts.get_scratch((2 * C + 1) * sizeof(double) + (4 * C + 1) * sizeof(float) + 64));
     double* acc = reinterpret_cast<double*>(base);
-    double* sq = acc + C + 1;
-    float* f = reinterpret_cast<float*>(sq + C);
-    float* mean = f + C + 1;
-    float* a = mean + C;
+    float* f = reinterpret_cast<float*>(acc + 2 * C + 1);
+    float* a = f + 2 * C + 1;
     float* b = a + C;
     REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, (2 * C + 1) * sizeof(double), s));
-    cuk::bn_channel_sums(dp(x), M, C, nullptr, acc, s);
+    // One pass for both moments, shifted by the running mean (identical on every replica under
+    // sync-BN: all of them update it from the same global statistics).
+    cuk::bn_shifted_moments(dp(x), M, C, running_mean.data<float>(), acc, s);
     cuk::set_double(acc + C, static_cast<double>(M), s);
-    reduce(acc, f, C + 1, allreduce, s);
-    cuk::bn_mean(acc, C, mean, s);
-    cuk::bn_channel_sums(dp(x), M, C, mean, sq, s);
-    reduce(sq, f, C, allreduce, s);
-    cuk::bn_finalize_train(acc, sq, C, dp(gamma), dp(beta), eps, momentum, save_mean.data<float>(),
+    reduce(acc, f, 2 * C + 1, allreduce, s);  // one reduction for sums, count and squares
+    cuk::bn_finalize_train(acc, C, dp(gamma), dp(beta), eps, momentum, save_mean.data<float>(),
                            save_invstd.data<float>(), running_mean.data<float>(), running_var.data<float>(), a, b, s);
-    cuk::bn_apply(dp(x), dp(y), M, C, a, b, s);
+    cuk::bn_apply(dp(x), dp(y), M, C, a, b, relu, s);
   }
 
   void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
-                              const Tensor& running_mean, const Tensor& running_var, float eps) override {
+                              const Tensor& running_mean, const Tensor& running_var, float eps, bool relu) override {
     const int C = channels(x);
     auto& ts = state();
     float* a = static_cast<float*>(ts.get_scratch(2 * C * sizeof(float)));
     cuk::bn_coefficients_eval(dp(gamma), dp(beta), running_mean.data<float>(), running_var.data<float>(), eps, C, a,
                               a + C, stream());
-    cuk::bn_apply(dp(x), dp(y), x.numel() / C, C, a, a + C, stream());
+    cuk::bn_apply(dp(x), dp(y), x.numel() / C, C, a, a + C, relu, stream());
   }
 
   void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                           const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                          const AllReduceFn& allreduce) override {
+                          const AllReduceFn& allreduce, const Tensor& relu_y) override {
     const int C = channels(x);
     const int64_t M = x.numel() / C;
     auto& ts = state();
     cudaStream_t s = stream();
+    const cuk::DPtr ry = relu_y.defined() ? dp(relu_y) : cuk::DPtr{};  // the fused ReLU's mask, read on the fly
     // scratch: acc[2C + 1] (sum dy, sum dy * xhat, count) doubles | f[2C + 1] floats
     double* acc = static_cast<double*>(ts.get_scratch((2 * C + 1) * (sizeof(double) + sizeof(float))));
     float* f = reinterpret_cast<float*>(acc + 2 * C + 1);
     REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, (2 * C + 1) * sizeof(double), s));
-    cuk::bn_backward_sums(dp(dy), dp(x), M, C, save_mean.data<float>(), save_invstd.data<float>(), acc, s);
+    cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, save_mean.data<float>(), save_invstd.data<float>(), acc, s);
     cuk::bn_accumulate_params(acc, C, dgamma.data<float>(), dbeta.data<float>(), s);
     cuk::set_double(acc + 2 * C, static_cast<double>(M), s);
     reduce(acc, f, 2 * C + 1, allreduce, s);  // sync-BN: dx needs the sums over the global batch
-    cuk::bn_backward_apply(dp(dy), dp(x), dp(gamma), save_mean.data<float>(), save_invstd.data<float>(), acc, dp(dx),
-                           M, C, s);
+    cuk::bn_backward_apply(dp(dy), ry, dp(x), dp(gamma), save_mean.data<float>(), save_invstd.data<float>(), acc,
+                           dp(dx), M, C, s);
   }
 
   void batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                                 const Tensor& invstd, const Tensor& dx, const Tensor& dgamma,
-                                 const Tensor& dbeta) override {
+                                 const Tensor& invstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                                 const Tensor& relu_y) override {
     const int C = channels(x);
     const int64_t M = x.numel() / C;
     auto& ts = state();
     cudaStream_t s = stream();
+    const cuk::DPtr ry = relu_y.defined() ? dp(relu_y) : cuk::DPtr{};
     double* acc = static_cast<double*>(ts.get_scratch(2 * C * sizeof(double)));
     REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * C * sizeof(double), s));
-    cuk::bn_backward_sums(dp(dy), dp(x), M, C, mean.data<float>(), invstd.data<float>(), acc, s);
+    cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, mean.data<float>(), invstd.data<float>(), acc, s);
     cuk::bn_accumulate_params(acc, C, dgamma.data<float>(), dbeta.data<float>(), s);
-    cuk::bn_backward_apply(dp(dy), dp(x), dp(gamma), mean.data<float>(), invstd.data<float>(), nullptr, dp(dx), M, C, s);
+    cuk::bn_backward_apply(dp(dy), ry, dp(x), dp(gamma), mean.data<float>(), invstd.data<float>(), nullptr, dp(dx), M,
+                           C, s);
   }
 
   void relu_forward(const Tensor& x, const Tensor& y) override {
@@ -471,6 +472,11 @@ class CudaBackend final : public Backend {
     require_same(a, b, "add");
     require_same(a, y, "add");
     cuk::add(dp(a), dp(b), dp(y), a.numel(), stream());
+  }
+  void add_relu(const Tensor& a, const Tensor& b, const Tensor& y) override {
+    require_same(a, b, "add_relu");
+    require_same(a, y, "add_relu");
+    cuk::add_relu(dp(a), dp(b), dp(y), a.numel(), stream());
   }
   void axpy(float alpha, const Tensor& x, const Tensor& y) override {
     require_same(x, y, "axpy");

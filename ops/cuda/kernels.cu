@@ -58,6 +58,12 @@ __global__ void k_relu_bwd(DPtr y, DPtr dy, DPtr dx, int64_t n) {
 __global__ void k_add(DPtr a, DPtr b, DPtr y, int64_t n) {
   GRID_STRIDE(i, n) st(y.mut(), y.dt, i, ld(a.p, a.dt, i) + ld(b.p, b.dt, i));
 }
+__global__ void k_add_relu(DPtr a, DPtr b, DPtr y, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = ld(a.p, a.dt, i) + ld(b.p, b.dt, i);
+    st(y.mut(), y.dt, i, v < 0.f ? 0.f : v);
+  }
+}
 __global__ void k_axpy(float alpha, DPtr x, DPtr y, int64_t n) {
   GRID_STRIDE(i, n) st(y.mut(), y.dt, i, ld(y.p, y.dt, i) + alpha * ld(x.p, x.dt, i));
 }
@@ -158,40 +164,48 @@ __global__ void k_lars(float* p, const float* g, float* buf, int64_t n, float lr
 
 constexpr int kBnRows = 8;
 
-__global__ void k_bn_sums(DPtr x, int64_t M, int C, const float* mean, double* acc) {
+__global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, double* acc) {
   const int c = blockIdx.x * 32 + threadIdx.x;
-  double total = 0;
+  double t1 = 0, t2 = 0;
   if (c < C) {
-    const float mu = mean ? mean[c] : 0.f;
-    float part = 0.f;
+    const float k0 = shift ? shift[c] : 0.f;
+    float p1 = 0.f, p2 = 0.f;
     int k = 0;
     for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += static_cast<int64_t>(gridDim.y) * kBnRows) {
-      const float v = ld(x.p, x.dt, r * C + c);
-      if (mean) {
-        const float d = v - mu;
-        part += d * d;
-      } else {
-        part += v;
-      }
+      const float d = ld(x.p, x.dt, r * C + c) - k0;
+      p1 += d;
+      p2 += d * d;
       if (++k == 32) {
-        total += part;
-        part = 0.f;
+        t1 += p1;
+        t2 += p2;
+        p1 = p2 = 0.f;
         k = 0;
       }
     }
-    total += part;
+    t1 += p1;
+    t2 += p2;
   }
-  __shared__ double sh[kBnRows][32];
-  sh[threadIdx.y][threadIdx.x] = total;
+  __shared__ double s1[kBnRows][32], s2[kBnRows][32];
+  s1[threadIdx.y][threadIdx.x] = t1;
+  s2[threadIdx.y][threadIdx.x] = t2;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
-    double s = 0;
-    for (int j = 0; j < kBnRows; ++j) s += sh[j][threadIdx.x];
-    atomicAdd(acc + c, s);
+    double a = 0, b = 0;
+    for (int j = 0; j < kBnRows; ++j) {
+      a += s1[j][threadIdx.x];
+      b += s2[j][threadIdx.x];
+    }
+    atomicAdd(acc + c, a);
+    atomicAdd(acc + C + 1 + c, b);
   }
 }
 
-__global__ void k_bn_bwd_sums(DPtr dy, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
+// The gradient reaching batch norm: dy, or zero where a fused ReLU's output was not positive.
+__device__ __forceinline__ float masked_dy(DPtr dy, DPtr ry, int64_t i) {
+  return ry.p && !(ld(ry.p, ry.dt, i) > 0.f) ? 0.f : ld(dy.p, dy.dt, i);
+}
+
+__global__ void k_bn_bwd_sums(DPtr dy, DPtr ry, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
                               double* acc) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   double t1 = 0, t2 = 0;
@@ -200,7 +214,7 @@ __global__ void k_bn_bwd_sums(DPtr dy, DPtr x, int64_t M, int C, const float* me
     float p1 = 0.f, p2 = 0.f;
     int k = 0;
     for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += static_cast<int64_t>(gridDim.y) * kBnRows) {
-      const float g = ld(dy.p, dy.dt, r * C + c);
+      const float g = masked_dy(dy, ry, r * C + c);
       p1 += g;
       p2 += g * (ld(x.p, x.dt, r * C + c) - mu) * inv;
       if (++k == 32) {
@@ -244,16 +258,13 @@ __global__ void k_f2d(const float* f, double* a, int n) {
 }
 __global__ void k_set_double(double* a, double v) { *a = v; }
 
-__global__ void k_bn_mean(const double* acc, int C, float* mean) {
-  GRID_STRIDE(c, C) mean[c] = static_cast<float>(acc[c] / acc[C]);
-}
-
-__global__ void k_bn_finalize(const double* acc, const double* sq, int C, DPtr gamma, DPtr beta, float eps,
-                              float momentum, float* sm, float* si, float* rm, float* rv, float* a, float* b) {
+__global__ void k_bn_finalize(const double* acc, int C, DPtr gamma, DPtr beta, float eps, float momentum, float* sm,
+                              float* si, float* rm, float* rv, float* a, float* b) {
   GRID_STRIDE(c, C) {
     const double Mg = acc[C];
-    const double mean = acc[c] / Mg;
-    const double var = sq[c] / Mg;
+    const double d1 = acc[c] / Mg;  // mean - shift
+    const double mean = rm[c] + d1;  // the shift was the running mean, read before it moves
+    const double var = fmax(acc[C + 1 + c] / Mg - d1 * d1, 0.0);
     const double inv = 1.0 / sqrt(var + eps);
     const float g = ld(gamma.p, gamma.dt, c), be = ld(beta.p, beta.dt, c);
     sm[c] = static_cast<float>(mean);
@@ -275,10 +286,11 @@ __global__ void k_bn_coef_eval(DPtr gamma, DPtr beta, const float* rm, const flo
   }
 }
 
-__global__ void k_bn_apply(DPtr x, DPtr y, int64_t n, int C, const float* a, const float* b) {
+__global__ void k_bn_apply(DPtr x, DPtr y, int64_t n, int C, const float* a, const float* b, bool relu) {
   GRID_STRIDE(i, n) {
     const int c = static_cast<int>(i % C);
-    st(y.mut(), y.dt, i, ld(x.p, x.dt, i) * a[c] + b[c]);
+    const float v = ld(x.p, x.dt, i) * a[c] + b[c];
+    st(y.mut(), y.dt, i, relu && v < 0.f ? 0.f : v);
   }
 }
 
@@ -289,12 +301,12 @@ __global__ void k_bn_params(const double* acc, int C, float* dgamma, float* dbet
   }
 }
 
-__global__ void k_bn_bwd_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd, const double* acc,
-                               DPtr dx, int64_t n, int C) {
+__global__ void k_bn_bwd_apply(DPtr dy, DPtr ry, DPtr x, DPtr gamma, const float* mean, const float* invstd,
+                               const double* acc, DPtr dx, int64_t n, int C) {
   GRID_STRIDE(i, n) {
     const int c = static_cast<int>(i % C);
     const float k = ld(gamma.p, gamma.dt, c) * invstd[c];
-    const float g = ld(dy.p, dy.dt, i);
+    const float g = masked_dy(dy, ry, i);
     if (!acc) {
       st(dx.mut(), dx.dt, i, k * g);
       continue;
@@ -466,6 +478,7 @@ void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s) { LAUNCH(k_cast, n, s, 
 void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_relu, n, s, x, y, n); }
 void relu_backward(DPtr y, DPtr dy, DPtr dx, int64_t n, cudaStream_t s) { LAUNCH(k_relu_bwd, n, s, y, dy, dx, n); }
 void add(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_add, n, s, a, b, y, n); }
+void add_relu(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_add_relu, n, s, a, b, y, n); }
 void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_axpy, n, s, alpha, x, y, n); }
 void fill(DPtr y, float v, int64_t n, cudaStream_t s) { LAUNCH(k_fill, n, s, y, v, n); }
 void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) { LAUNCH(k_scale, n, s, y, alpha, n); }
@@ -507,15 +520,15 @@ void lars_update(float* p, const float* g, float* buf, int64_t n, float scaled_l
   LAUNCH(k_lars, n, s, p, g, buf, n, scaled_lr, momentum, wd);
 }
 
-void bn_channel_sums(DPtr x, int64_t M, int C, const float* mean, double* acc, cudaStream_t s) {
+void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* acc, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
-  k_bn_sums<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(x, M, C, mean, acc);
-  check_launch("k_bn_sums");
+  k_bn_moments<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(x, M, C, shift, acc);
+  check_launch("k_bn_moments");
 }
-void bn_backward_sums(DPtr dy, DPtr x, int64_t M, int C, const float* mean, const float* invstd, double* acc,
-                      cudaStream_t s) {
+void bn_backward_sums(DPtr dy, DPtr relu_y, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
+                      double* acc, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
-  k_bn_bwd_sums<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(dy, x, M, C, mean, invstd, acc);
+  k_bn_bwd_sums<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(dy, relu_y, x, M, C, mean, invstd, acc);
   check_launch("k_bn_bwd_sums");
 }
 void doubles_to_floats(const double* a, float* f, int n, cudaStream_t s) { LAUNCH(k_d2f, n, s, a, f, n); }
@@ -524,26 +537,25 @@ void set_double(double* a, double v, cudaStream_t s) {
   k_set_double<<<1, 1, 0, s>>>(a, v);
   check_launch("k_set_double");
 }
-void bn_mean(const double* acc, int C, float* mean, cudaStream_t s) { LAUNCH(k_bn_mean, C, s, acc, C, mean); }
-void bn_finalize_train(const double* acc, const double* sq, int C, DPtr gamma, DPtr beta, float eps, float momentum,
-                       float* save_mean, float* save_invstd, float* running_mean, float* running_var, float* a, float* b,
+void bn_finalize_train(const double* acc, int C, DPtr gamma, DPtr beta, float eps, float momentum, float* save_mean,
+                       float* save_invstd, float* running_mean, float* running_var, float* a, float* b,
                        cudaStream_t s) {
-  LAUNCH(k_bn_finalize, C, s, acc, sq, C, gamma, beta, eps, momentum, save_mean, save_invstd, running_mean, running_var,
-         a, b);
+  LAUNCH(k_bn_finalize, C, s, acc, C, gamma, beta, eps, momentum, save_mean, save_invstd, running_mean, running_var, a,
+         b);
 }
 void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, const float* running_var, float eps, int C,
                           float* a, float* b, cudaStream_t s) {
   LAUNCH(k_bn_coef_eval, C, s, gamma, beta, running_mean, running_var, eps, C, a, b);
 }
-void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, cudaStream_t s) {
-  LAUNCH(k_bn_apply, M * C, s, x, y, M * C, C, a, b);
+void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu, cudaStream_t s) {
+  LAUNCH(k_bn_apply, M * C, s, x, y, M * C, C, a, b, relu);
 }
 void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta, cudaStream_t s) {
   LAUNCH(k_bn_params, C, s, acc, C, dgamma, dbeta);
 }
-void bn_backward_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd, const double* acc, DPtr dx,
-                       int64_t M, int C, cudaStream_t s) {
-  LAUNCH(k_bn_bwd_apply, M * C, s, dy, x, gamma, mean, invstd, acc, dx, M * C, C);
+void bn_backward_apply(DPtr dy, DPtr relu_y, DPtr x, DPtr gamma, const float* mean, const float* invstd,
+                       const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s) {
+  LAUNCH(k_bn_bwd_apply, M * C, s, dy, relu_y, x, gamma, mean, invstd, acc, dx, M * C, C);
 }
 
 void maxpool_forward(DPtr x, DPtr y, int32_t* argmax, int N, int H, int W, int C, int P, int Q, int window, int stride,

@@ -27,6 +27,7 @@ void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s);
 void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s);
 void relu_backward(DPtr y, DPtr dy, DPtr dx, int64_t n, cudaStream_t s);
 void add(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s);
+void add_relu(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s);  // y = max(a + b, 0)
 void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s);  // y += alpha * x
 void fill(DPtr y, float v, int64_t n, cudaStream_t s);
 void scale(DPtr y, float alpha, int64_t n, cudaStream_t s);
@@ -49,29 +50,31 @@ void lars_update(float* p, const float* g, float* buf, int64_t n, float scaled_l
                  float wd, cudaStream_t s);
 
 // Batch norm over [M, C] (channels last). Scratch layout is the caller's (see cuda_backend.cpp).
-// acc[c] += x (mean == null) or (x - mean[c])^2.
-void bn_channel_sums(DPtr x, int64_t M, int C, const float* mean, double* acc, cudaStream_t s);
-// acc[c] += dy; acc[C + c] += dy * (x - mean[c]) * invstd[c].
-void bn_backward_sums(DPtr dy, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
-                      double* acc, cudaStream_t s);
+// One pass over x for both moments, shifted by shift[c] (the running mean: close to the batch
+// mean, so the variance does not cancel catastrophically): acc[c] += x - K, acc[C + 1 + c] +=
+// (x - K)^2.
+void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* acc, cudaStream_t s);
+// acc[c] += g; acc[C + c] += g * (x - mean[c]) * invstd[c] with g = dy, masked by relu_y > 0 when
+// relu_y.p is set (a fused ReLU).
+void bn_backward_sums(DPtr dy, DPtr relu_y, DPtr x, int64_t M, int C, const float* mean,
+                      const float* invstd, double* acc, cudaStream_t s);
 void doubles_to_floats(const double* a, float* f, int n, cudaStream_t s);
 void floats_to_doubles(const float* f, double* a, int n, cudaStream_t s);
 void set_double(double* a, double v, cudaStream_t s);
-// mean[c] = acc[c] / acc[C] (the count).
-void bn_mean(const double* acc, int C, float* mean, cudaStream_t s);
-// From sums, count and squared deviations: saved mean/invstd, running stats, y = x * a + b coefficients.
-void bn_finalize_train(const double* acc, const double* sq, int C, DPtr gamma, DPtr beta, float eps,
-                       float momentum, float* save_mean, float* save_invstd, float* running_mean,
-                       float* running_var, float* a, float* b, cudaStream_t s);
+// From the shifted moments and the count acc[C]: saved mean/invstd, running stats (the shift is
+// read before they move), and the y = x * a + b coefficients.
+void bn_finalize_train(const double* acc, int C, DPtr gamma, DPtr beta, float eps, float momentum,
+                       float* save_mean, float* save_invstd, float* running_mean, float* running_var,
+                       float* a, float* b, cudaStream_t s);
 void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, const float* running_var,
                           float eps, int C, float* a, float* b, cudaStream_t s);
-void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, cudaStream_t s);
+void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu, cudaStream_t s);
 // dgamma[c] += acc[C + c]; dbeta[c] += acc[c].
 void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta, cudaStream_t s);
 // dx = gamma * invstd * (dy - m1 - xhat * m2), m1/m2 = acc sums over the count acc[2C]; frozen
 // (acc == null): dx = gamma * invstd * dy.
-void bn_backward_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd,
-                       const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s);
+void bn_backward_apply(DPtr dy, DPtr relu_y, DPtr x, DPtr gamma, const float* mean,
+                       const float* invstd, const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s);
 
 // Pooling (NHWC).
 void maxpool_forward(DPtr x, DPtr y, int32_t* argmax, int N, int H, int W, int C, int P, int Q,

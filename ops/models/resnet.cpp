@@ -1,5 +1,7 @@
 // ResNet builders. Shortcuts are identity when shapes match, else 1x1 conv + BN ("option B",
-// as torchvision and the PyTorch anchor in ../shared/anchors/torch_resnet.py).
+// as torchvision and the PyTorch anchor in ../shared/anchors/torch_resnet.py). Every BN that a
+// ReLU follows carries it fused (one pass fewer over those activations, forward and backward);
+// a block's join is one add+ReLU.
 #include "ops/models/resnet.h"
 
 #include "core/errors.h"
@@ -8,7 +10,6 @@ namespace replica::models {
 
 using nn::BatchNorm2d;
 using nn::Conv2d;
-using nn::ReLU;
 using nn::Sequential;
 
 std::vector<std::string> resnet_archs() {
@@ -28,8 +29,7 @@ std::unique_ptr<Sequential> projection(const std::string& name, int64_t cin, int
 nn::LayerPtr basic_block(const std::string& name, int64_t cin, int64_t cout, int64_t stride, bool zero) {
   auto m = std::make_unique<Sequential>(name + ".main");
   m->emplace<Conv2d>(name + ".conv1", cin, cout, 3, stride, 1);
-  m->emplace<BatchNorm2d>(name + ".bn1", cout);
-  m->emplace<ReLU>(name + ".relu1", true);
+  m->emplace<BatchNorm2d>(name + ".bn1", cout, 0.1f, 1e-5f, false, /*relu=*/true);
   m->emplace<Conv2d>(name + ".conv2", cout, cout, 3, 1, 1);
   m->emplace<BatchNorm2d>(name + ".bn2", cout, 0.1f, 1e-5f, zero);
   return std::make_unique<nn::Residual>(name, std::move(m), projection(name, cin, cout, stride));
@@ -39,11 +39,9 @@ nn::LayerPtr bottleneck(const std::string& name, int64_t cin, int64_t mid, int64
   const int64_t cout = mid * 4;
   auto m = std::make_unique<Sequential>(name + ".main");
   m->emplace<Conv2d>(name + ".conv1", cin, mid, 1, 1, 0);
-  m->emplace<BatchNorm2d>(name + ".bn1", mid);
-  m->emplace<ReLU>(name + ".relu1", true);
+  m->emplace<BatchNorm2d>(name + ".bn1", mid, 0.1f, 1e-5f, false, /*relu=*/true);
   m->emplace<Conv2d>(name + ".conv2", mid, mid, 3, stride, 1);
-  m->emplace<BatchNorm2d>(name + ".bn2", mid);
-  m->emplace<ReLU>(name + ".relu2", true);
+  m->emplace<BatchNorm2d>(name + ".bn2", mid, 0.1f, 1e-5f, false, /*relu=*/true);
   m->emplace<Conv2d>(name + ".conv3", mid, cout, 1, 1, 0);
   m->emplace<BatchNorm2d>(name + ".bn3", cout, 0.1f, 1e-5f, zero);
   return std::make_unique<nn::Residual>(name, std::move(m), projection(name, cin, cout, stride));
@@ -66,8 +64,7 @@ std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
     const int64_t w = cfg.base_width ? cfg.base_width : 16;
     auto& stem = root->emplace<Conv2d>("stem.conv", cfg.in_channels, w, 3, 1, 1);
     stem.set_input_grad(false);
-    root->emplace<BatchNorm2d>("stem.bn", w);
-    root->emplace<ReLU>("stem.relu", true);
+    root->emplace<BatchNorm2d>("stem.bn", w, 0.1f, 1e-5f, false, /*relu=*/true);
     c = w;
     int64_t widths[3] = {w, 2 * w, 4 * w};
     for (int s = 0; s < 3; ++s)
@@ -90,8 +87,7 @@ std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
     const int64_t w = cfg.base_width ? cfg.base_width : 64;
     auto& stem = root->emplace<Conv2d>("stem.conv", cfg.in_channels, w, 7, 2, 3);
     stem.set_input_grad(false);
-    root->emplace<BatchNorm2d>("stem.bn", w);
-    root->emplace<ReLU>("stem.relu", true);
+    root->emplace<BatchNorm2d>("stem.bn", w, 0.1f, 1e-5f, false, /*relu=*/true);
     root->emplace<nn::MaxPool2d>("stem.pool", 3, 2, 1);
     c = w;
     for (int s = 0; s < 4; ++s) {

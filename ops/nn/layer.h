@@ -56,8 +56,10 @@ class Conv2d : public Layer {
 
 class BatchNorm2d : public Layer {
  public:
+  // relu: a ReLU follows, fused into batch norm's passes (forward and backward), as cuDNN's
+  // BN-activation fusion; its output is what backward masks with.
   BatchNorm2d(std::string name, int64_t channels, float momentum = 0.1f, float eps = 1e-5f,
-              bool zero_gamma = false);
+              bool zero_gamma = false, bool relu = false);
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
   void register_params(ParamRegistry& reg) override;
@@ -67,7 +69,7 @@ class BatchNorm2d : public Layer {
  private:
   int64_t c_;
   float momentum_, eps_;
-  bool zero_gamma_;
+  bool zero_gamma_, relu_;
   int slot_ = -1;
 };
 

@@ -69,8 +69,8 @@ Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
 
 // ---- BatchNorm2d ------------------------------------------------------------------------
 
-BatchNorm2d::BatchNorm2d(std::string name, int64_t channels, float momentum, float eps, bool zero_gamma)
-    : Layer(std::move(name)), c_(channels), momentum_(momentum), eps_(eps), zero_gamma_(zero_gamma) {
+BatchNorm2d::BatchNorm2d(std::string name, int64_t channels, float momentum, float eps, bool zero_gamma, bool relu)
+    : Layer(std::move(name)), c_(channels), momentum_(momentum), eps_(eps), zero_gamma_(zero_gamma), relu_(relu) {
   if (channels < 1) throw ShapeError(name_ + ": channels must be >= 1");
 }
 
@@ -105,12 +105,12 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
   output_shape(x.shape());
   Tensor y = ctx.alloc(x.shape());
   if (!ctx.training() || ctx.bn_frozen) {
-    ctx.backend().batchnorm_forward_eval(x, gamma, beta, y, running_mean, running_var, eps_);
+    ctx.backend().batchnorm_forward_eval(x, gamma, beta, y, running_mean, running_var, eps_, relu_);
     if (ctx.training()) {
       // Frozen BN: y is an affine map of x with the running statistics; backward needs those.
       Tensor invstd = ctx.alloc({c_}, MemTag::activations, DType::f32);
       ctx.backend().rsqrt_eps(running_var, invstd, eps_);
-      ctx.saved(this) = {x, running_mean, invstd};
+      ctx.saved(this) = {x, running_mean, invstd, relu_ ? y : Tensor()};
     }
     return y;
   }
@@ -118,8 +118,8 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
   Tensor invstd = ctx.alloc({c_}, MemTag::activations, DType::f32);
   // A recomputation (gradient checkpointing) must not move the running statistics again.
   ctx.backend().batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var,
-                                        ctx.recomputing ? 0.f : momentum_, eps_, ctx.bn_allreduce);
-  ctx.saved(this) = {x, mean, invstd};
+                                        ctx.recomputing ? 0.f : momentum_, eps_, ctx.bn_allreduce, relu_);
+  ctx.saved(this) = {x, mean, invstd, relu_ ? y : Tensor()};
   return y;
 }
 
@@ -128,9 +128,9 @@ Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
   ctx.release(this);
   Tensor dx = ctx.alloc(s[0].shape());
   if (ctx.bn_frozen)
-    ctx.backend().batchnorm_backward_frozen(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad);
+    ctx.backend().batchnorm_backward_frozen(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad, s[3]);
   else
-    ctx.backend().batchnorm_backward(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad, ctx.bn_allreduce);
+    ctx.backend().batchnorm_backward(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad, ctx.bn_allreduce, s[3]);
   ctx.grads_ready(slot_, 2);
   return dx;
 }
@@ -303,8 +303,7 @@ Tensor Residual::forward_impl(Context& ctx, const Tensor& x) {
     throw ShapeError(name_ + ": main path gives " + a.shape().str() + " but the shortcut gives " +
                      b.shape().str() + "; add a projection shortcut");
   Tensor y = ctx.alloc(a.shape());
-  ctx.backend().add(a, b, y);
-  ctx.backend().relu_forward(y, y);
+  ctx.backend().add_relu(a, b, y);
   if (ctx.training()) ctx.saved(this) = {y};
   return y;
 }

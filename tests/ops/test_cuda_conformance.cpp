@@ -146,7 +146,7 @@ TEST_P(CudaConformance, BatchNorm) {
     auto xv = randv(sh.numel(), 5, -2.f, 3.f), dyv = randv(sh.numel(), 6);
     auto gv = randv(C, 7, 0.5f, 1.5f), bv = randv(C, 8), rm = randv(C, 9), rv = randv(C, 10, 0.5f, 2.f);
     auto dg0 = randv(C, 11), db0 = randv(C, 12);
-    Tensor out[2][10];
+    Tensor out[2][13];
     int i = 0;
     for (Side* s : {cpu.get(), gpu.get()}) {
       Tensor x = s->put(xv, sh, dt), dy = s->put(dyv, sh, dt), gamma = s->put(gv, {C}, dt), beta = s->put(bv, {C}, dt);
@@ -156,15 +156,23 @@ TEST_P(CudaConformance, BatchNorm) {
       o[2] = s->empty({C});     // save invstd
       o[3] = s->put(rm, {C});
       o[4] = s->put(rv, {C});
-      s->be->batchnorm_forward_train(x, gamma, beta, o[0], o[1], o[2], o[3], o[4], 0.1f, 1e-5f, nullptr);
+      s->be->batchnorm_forward_train(x, gamma, beta, o[0], o[1], o[2], o[3], o[4], 0.1f, 1e-5f, nullptr, false);
       o[5] = s->empty(sh, dt);  // y eval
-      s->be->batchnorm_forward_eval(x, gamma, beta, o[5], o[3], o[4], 1e-5f);
+      s->be->batchnorm_forward_eval(x, gamma, beta, o[5], o[3], o[4], 1e-5f, false);
       o[6] = s->empty(sh, dt);  // dx
       o[7] = s->put(dg0, {C});
       o[8] = s->put(db0, {C});
-      s->be->batchnorm_backward(dy, x, gamma, o[1], o[2], o[6], o[7], o[8], nullptr);
+      s->be->batchnorm_backward(dy, x, gamma, o[1], o[2], o[6], o[7], o[8], nullptr, Tensor());
       o[9] = s->empty(sh, dt);  // dx frozen
-      s->be->batchnorm_backward_frozen(dy, x, gamma, o[1], o[2], o[9], o[7], o[8]);
+      s->be->batchnorm_backward_frozen(dy, x, gamma, o[1], o[2], o[9], o[7], o[8], Tensor());
+      // With the ReLU fused: forward output, and backward masked by it (dy is handed over).
+      o[10] = s->empty(sh, dt);
+      Tensor rm2 = s->put(rm, {C}), rv2 = s->put(rv, {C}), m2 = s->empty({C}), i2 = s->empty({C});
+      s->be->batchnorm_forward_train(x, gamma, beta, o[10], m2, i2, rm2, rv2, 0.1f, 1e-5f, nullptr, true);
+      o[11] = s->empty(sh, dt);
+      s->be->batchnorm_backward(s->put(dyv, sh, dt), x, gamma, m2, i2, o[11], o[7], o[8], nullptr, o[10]);
+      o[12] = s->empty(sh, dt);
+      s->be->batchnorm_forward_eval(x, gamma, beta, o[12], rm2, rv2, 1e-5f, true);
     }
     const double t = tol(dt), t32 = std::max(tol(dt) / 10, 2e-5);  // statistics are f32 from exact inputs
     expect_close("batchnorm_forward_train y", out[1][0], out[0][0], t);
@@ -177,6 +185,9 @@ TEST_P(CudaConformance, BatchNorm) {
     expect_close("batchnorm dgamma (+=, twice)", out[1][7], out[0][7], t32 * 5);
     expect_close("batchnorm dbeta (+=, twice)", out[1][8], out[0][8], t32 * 5);
     expect_close("batchnorm_backward_frozen dx", out[1][9], out[0][9], t);
+    expect_close("batchnorm+relu forward", out[1][10], out[0][10], t);
+    expect_close("batchnorm+relu backward dx", out[1][11], out[0][11], t);
+    expect_close("batchnorm+relu eval", out[1][12], out[0][12], t);
   }
 }
 
@@ -202,7 +213,8 @@ TEST_P(CudaConformance, ElementwisePoolingLinearLoss) {
     r[1] = s->empty(sh, dt);
     s->be->relu_backward(r[0], b, r[1]);
     r[2] = s->empty(sh, dt);
-    s->be->add(a, b, r[2]);
+    s->be->add_relu(a, b, r[2]);
+    s->be->add(r[2], b, r[2]);  // in place, as a residual join may run
     r[3] = s->put(bv, sh, dt);
     s->be->axpy(0.75f, a, r[3]);
     s->be->scale(r[3], -1.5f);
@@ -235,7 +247,7 @@ TEST_P(CudaConformance, ElementwisePoolingLinearLoss) {
   const double t = tol(dt);
   expect_close("relu_forward", o[1][0], o[0][0], t);
   expect_close("relu_backward", o[1][1], o[0][1], t);
-  expect_close("add", o[1][2], o[0][2], t);
+  expect_close("add_relu, then add", o[1][2], o[0][2], t);
   expect_close("axpy + scale", o[1][3], o[0][3], t);
   expect_close("maxpool_forward", o[1][4], o[0][4], t);
   EXPECT_EQ(host_i32(o[1][5]), host_i32(o[0][5])) << "maxpool argmax";

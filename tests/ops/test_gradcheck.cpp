@@ -57,6 +57,13 @@ TEST(OpGrad, BatchNormTrain) {
   h.check(random_input(*pool, {4, 3, 3, 3}), kTol);
 }
 
+TEST(OpGrad, BatchNormWithFusedRelu) {
+  auto pool = replica::testing::test_pool();
+  nn::BatchNorm2d bn("bn_relu", 3, 0.1f, 1e-5f, false, /*relu=*/true);
+  LayerHarness h(bn, *pool);
+  h.check(random_input(*pool, {4, 3, 3, 3}), kTol);
+}
+
 TEST(OpGrad, ReluMaxPoolAvgPoolLinear) {
   auto pool = replica::testing::test_pool();
   nn::ReLU relu("relu");
