@@ -41,37 +41,71 @@ void check_launch(const char* what) {
 #define GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// Grid-stride over n, kUnroll elements per thread and round, every load of a round issued before
+// its stores: a plain loop keeps one 2-byte load per thread in flight, too few bytes to approach
+// the memory bandwidth with 16-bit activations. value(i) loads and computes element i, put(i, v)
+// stores it; in-place use is safe (each element is loaded before it is stored). Launch with
+// grid_unrolled(n).
+constexpr int kUnroll = 4;
+template <typename Value, typename Put>
+__device__ __forceinline__ void unrolled(int64_t n, Value value, Put put) {
+  const int64_t step = static_cast<int64_t>(blockDim.x);
+  const int64_t round = static_cast<int64_t>(gridDim.x) * step * kUnroll;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * step * kUnroll + threadIdx.x; base < n; base += round) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * step;
+      if (i < n) v[u] = value(i);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * step;
+      if (i < n) put(i, v[u]);
+    }
+  }
+}
+
 // ---- elementwise ------------------------------------------------------------------------------
 
 __global__ void k_cast(DPtr src, DPtr dst, int64_t n) {
-  GRID_STRIDE(i, n) st(dst.mut(), dst.dt, i, ld(src.p, src.dt, i));
+  unrolled(n, [&](int64_t i) { return ld(src.p, src.dt, i); }, [&](int64_t i, float v) { st(dst.mut(), dst.dt, i, v); });
 }
 __global__ void k_relu(DPtr x, DPtr y, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float v = ld(x.p, x.dt, i);
-    st(y.mut(), y.dt, i, v < 0.f ? 0.f : v);  // NaN stays NaN, as on CPU and in PyTorch
-  }
+  unrolled(
+      n,
+      [&](int64_t i) {
+        const float v = ld(x.p, x.dt, i);
+        return v < 0.f ? 0.f : v;  // NaN stays NaN, as on CPU and in PyTorch
+      },
+      [&](int64_t i, float v) { st(y.mut(), y.dt, i, v); });
 }
 __global__ void k_relu_bwd(DPtr y, DPtr dy, DPtr dx, int64_t n) {
-  GRID_STRIDE(i, n) st(dx.mut(), dx.dt, i, ld(y.p, y.dt, i) > 0.f ? ld(dy.p, dy.dt, i) : 0.f);
+  unrolled(n, [&](int64_t i) { return ld(y.p, y.dt, i) > 0.f ? ld(dy.p, dy.dt, i) : 0.f; },
+           [&](int64_t i, float v) { st(dx.mut(), dx.dt, i, v); });
 }
 __global__ void k_add(DPtr a, DPtr b, DPtr y, int64_t n) {
-  GRID_STRIDE(i, n) st(y.mut(), y.dt, i, ld(a.p, a.dt, i) + ld(b.p, b.dt, i));
+  unrolled(n, [&](int64_t i) { return ld(a.p, a.dt, i) + ld(b.p, b.dt, i); },
+           [&](int64_t i, float v) { st(y.mut(), y.dt, i, v); });
 }
 __global__ void k_add_relu(DPtr a, DPtr b, DPtr y, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float v = ld(a.p, a.dt, i) + ld(b.p, b.dt, i);
-    st(y.mut(), y.dt, i, v < 0.f ? 0.f : v);
-  }
+  unrolled(
+      n,
+      [&](int64_t i) {
+        const float v = ld(a.p, a.dt, i) + ld(b.p, b.dt, i);
+        return v < 0.f ? 0.f : v;
+      },
+      [&](int64_t i, float v) { st(y.mut(), y.dt, i, v); });
 }
 __global__ void k_axpy(float alpha, DPtr x, DPtr y, int64_t n) {
-  GRID_STRIDE(i, n) st(y.mut(), y.dt, i, ld(y.p, y.dt, i) + alpha * ld(x.p, x.dt, i));
+  unrolled(n, [&](int64_t i) { return ld(y.p, y.dt, i) + alpha * ld(x.p, x.dt, i); },
+           [&](int64_t i, float v) { st(y.mut(), y.dt, i, v); });
 }
 __global__ void k_fill(DPtr y, float v, int64_t n) {
   GRID_STRIDE(i, n) st(y.mut(), y.dt, i, v);
 }
 __global__ void k_scale(DPtr y, float alpha, int64_t n) {
-  GRID_STRIDE(i, n) st(y.mut(), y.dt, i, ld(y.p, y.dt, i) * alpha);
+  unrolled(n, [&](int64_t i) { return ld(y.p, y.dt, i) * alpha; }, [&](int64_t i, float v) { st(y.mut(), y.dt, i, v); });
 }
 __global__ void k_rsqrt_eps(const float* x, float* y, float eps, int64_t n) {
   GRID_STRIDE(i, n) y[i] = 1.0f / sqrtf(x[i] + eps);
@@ -169,13 +203,21 @@ __global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, doubl
   double t1 = 0, t2 = 0;
   if (c < C) {
     const float k0 = shift ? shift[c] : 0.f;
+    const int64_t S = static_cast<int64_t>(gridDim.y) * kBnRows;
     float p1 = 0.f, p2 = 0.f;
     int k = 0;
-    for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += static_cast<int64_t>(gridDim.y) * kBnRows) {
-      const float d = ld(x.p, x.dt, r * C + c) - k0;
-      p1 += d;
-      p2 += d * d;
-      if (++k == 32) {
+    // kUnroll rows a round with independent loads; 8 rounds (32 rows) per f32 partial.
+    for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += kUnroll * S) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t rr = r + u * S;
+        if (rr < M) {
+          const float d = ld(x.p, x.dt, rr * C + c) - k0;
+          p1 += d;
+          p2 += d * d;
+        }
+      }
+      if (++k == 32 / kUnroll) {
         t1 += p1;
         t2 += p2;
         p1 = p2 = 0.f;
@@ -211,13 +253,20 @@ __global__ void k_bn_bwd_sums(DPtr dy, DPtr ry, DPtr x, int64_t M, int C, const 
   double t1 = 0, t2 = 0;
   if (c < C) {
     const float mu = mean[c], inv = invstd[c];
+    const int64_t S = static_cast<int64_t>(gridDim.y) * kBnRows;
     float p1 = 0.f, p2 = 0.f;
     int k = 0;
-    for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += static_cast<int64_t>(gridDim.y) * kBnRows) {
-      const float g = masked_dy(dy, ry, r * C + c);
-      p1 += g;
-      p2 += g * (ld(x.p, x.dt, r * C + c) - mu) * inv;
-      if (++k == 32) {
+    for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += kUnroll * S) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t rr = r + u * S;
+        if (rr < M) {
+          const float g = masked_dy(dy, ry, rr * C + c);
+          p1 += g;
+          p2 += g * (ld(x.p, x.dt, rr * C + c) - mu) * inv;
+        }
+      }
+      if (++k == 32 / kUnroll) {
         t1 += p1;
         t2 += p2;
         p1 = p2 = 0.f;
@@ -287,11 +336,14 @@ __global__ void k_bn_coef_eval(DPtr gamma, DPtr beta, const float* rm, const flo
 }
 
 __global__ void k_bn_apply(DPtr x, DPtr y, int64_t n, int C, const float* a, const float* b, bool relu) {
-  GRID_STRIDE(i, n) {
-    const int c = static_cast<int>(i % C);
-    const float v = ld(x.p, x.dt, i) * a[c] + b[c];
-    st(y.mut(), y.dt, i, relu && v < 0.f ? 0.f : v);
-  }
+  unrolled(
+      n,
+      [&](int64_t i) {
+        const int c = static_cast<int>(i % C);
+        const float v = ld(x.p, x.dt, i) * a[c] + b[c];
+        return relu && v < 0.f ? 0.f : v;
+      },
+      [&](int64_t i, float v) { st(y.mut(), y.dt, i, v); });
 }
 
 __global__ void k_bn_params(const double* acc, int C, float* dgamma, float* dbeta) {
@@ -303,19 +355,19 @@ __global__ void k_bn_params(const double* acc, int C, float* dgamma, float* dbet
 
 __global__ void k_bn_bwd_apply(DPtr dy, DPtr ry, DPtr x, DPtr gamma, const float* mean, const float* invstd,
                                const double* acc, DPtr dx, int64_t n, int C) {
-  GRID_STRIDE(i, n) {
-    const int c = static_cast<int>(i % C);
-    const float k = ld(gamma.p, gamma.dt, c) * invstd[c];
-    const float g = masked_dy(dy, ry, i);
-    if (!acc) {
-      st(dx.mut(), dx.dt, i, k * g);
-      continue;
-    }
-    const double Mg = acc[2 * C];
-    const float m1 = static_cast<float>(acc[c] / Mg), m2 = static_cast<float>(acc[C + c] / Mg);
-    const float xhat = (ld(x.p, x.dt, i) - mean[c]) * invstd[c];
-    st(dx.mut(), dx.dt, i, k * (g - m1 - xhat * m2));
-  }
+  unrolled(
+      n,
+      [&](int64_t i) {
+        const int c = static_cast<int>(i % C);
+        const float k = ld(gamma.p, gamma.dt, c) * invstd[c];
+        const float g = masked_dy(dy, ry, i);
+        if (!acc) return k * g;  // frozen statistics
+        const double Mg = acc[2 * C];
+        const float m1 = static_cast<float>(acc[c] / Mg), m2 = static_cast<float>(acc[C + c] / Mg);
+        const float xhat = (ld(x.p, x.dt, i) - mean[c]) * invstd[c];
+        return k * (g - m1 - xhat * m2);
+      },
+      [&](int64_t i, float v) { st(dx.mut(), dx.dt, i, v); });
 }
 
 // ---- pooling ----------------------------------------------------------------------------------
@@ -385,10 +437,13 @@ __global__ void k_gap(DPtr x, DPtr y, int N, int HW, int C) {
 
 __global__ void k_gap_bwd(DPtr dy, DPtr dx, int N, int HW, int C) {
   const float inv = 1.0f / static_cast<float>(HW);
-  GRID_STRIDE(i, static_cast<int64_t>(N) * HW * C) {
-    const int64_t c = i % C, n = i / (static_cast<int64_t>(HW) * C);
-    st(dx.mut(), dx.dt, i, ld(dy.p, dy.dt, n * C + c) * inv);
-  }
+  unrolled(
+      static_cast<int64_t>(N) * HW * C,
+      [&](int64_t i) {
+        const int64_t c = i % C, n = i / (static_cast<int64_t>(HW) * C);
+        return ld(dy.p, dy.dt, n * C + c) * inv;
+      },
+      [&](int64_t i, float v) { st(dx.mut(), dx.dt, i, v); });
 }
 
 // ---- linear helpers ---------------------------------------------------------------------------
@@ -474,14 +529,19 @@ __global__ void k_xent_bwd(DPtr probs, const int32_t* labels, float scale, DPtr 
     }                                                               \
   } while (0)
 
-void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s) { LAUNCH(k_cast, n, s, src, dst, n); }
-void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_relu, n, s, x, y, n); }
-void relu_backward(DPtr y, DPtr dy, DPtr dx, int64_t n, cudaStream_t s) { LAUNCH(k_relu_bwd, n, s, y, dy, dx, n); }
-void add(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_add, n, s, a, b, y, n); }
-void add_relu(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_add_relu, n, s, a, b, y, n); }
-void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH(k_axpy, n, s, alpha, x, y, n); }
+// For kernels built on unrolled(): a quarter of the threads, each doing kUnroll elements a round.
+#define LAUNCH_UNROLLED(kernel, n, s, ...) LAUNCH(kernel, ((n) + kUnroll - 1) / kUnroll, s, __VA_ARGS__)
+
+void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_cast, n, s, src, dst, n); }
+void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_relu, n, s, x, y, n); }
+void relu_backward(DPtr y, DPtr dy, DPtr dx, int64_t n, cudaStream_t s) {
+  LAUNCH_UNROLLED(k_relu_bwd, n, s, y, dy, dx, n);
+}
+void add(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_add, n, s, a, b, y, n); }
+void add_relu(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_add_relu, n, s, a, b, y, n); }
+void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_axpy, n, s, alpha, x, y, n); }
 void fill(DPtr y, float v, int64_t n, cudaStream_t s) { LAUNCH(k_fill, n, s, y, v, n); }
-void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) { LAUNCH(k_scale, n, s, y, alpha, n); }
+void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_scale, n, s, y, alpha, n); }
 void rsqrt_eps(const float* x, float* y, float eps, int64_t n, cudaStream_t s) { LAUNCH(k_rsqrt_eps, n, s, x, y, eps, n); }
 
 // Reductions into one address: a bounded grid, so a few thousand atomics finish the sum.
@@ -548,14 +608,14 @@ void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, cons
   LAUNCH(k_bn_coef_eval, C, s, gamma, beta, running_mean, running_var, eps, C, a, b);
 }
 void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu, cudaStream_t s) {
-  LAUNCH(k_bn_apply, M * C, s, x, y, M * C, C, a, b, relu);
+  LAUNCH_UNROLLED(k_bn_apply, M * C, s, x, y, M * C, C, a, b, relu);
 }
 void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta, cudaStream_t s) {
   LAUNCH(k_bn_params, C, s, acc, C, dgamma, dbeta);
 }
 void bn_backward_apply(DPtr dy, DPtr relu_y, DPtr x, DPtr gamma, const float* mean, const float* invstd,
                        const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s) {
-  LAUNCH(k_bn_bwd_apply, M * C, s, dy, relu_y, x, gamma, mean, invstd, acc, dx, M * C, C);
+  LAUNCH_UNROLLED(k_bn_bwd_apply, M * C, s, dy, relu_y, x, gamma, mean, invstd, acc, dx, M * C, C);
 }
 
 void maxpool_forward(DPtr x, DPtr y, int32_t* argmax, int N, int H, int W, int C, int P, int Q, int window, int stride,
@@ -572,7 +632,7 @@ void global_avgpool_forward(DPtr x, DPtr y, int N, int HW, int C, cudaStream_t s
   LAUNCH(k_gap, static_cast<int64_t>(N) * C, s, x, y, N, HW, C);
 }
 void global_avgpool_backward(DPtr dy, DPtr dx, int N, int HW, int C, cudaStream_t s) {
-  LAUNCH(k_gap_bwd, static_cast<int64_t>(N) * HW * C, s, dy, dx, N, HW, C);
+  LAUNCH_UNROLLED(k_gap_bwd, static_cast<int64_t>(N) * HW * C, s, dy, dx, N, HW, C);
 }
 void bias_broadcast(DPtr b, DPtr y, int N, int O, cudaStream_t s) {
   LAUNCH(k_bias_broadcast, static_cast<int64_t>(N) * O, s, b, y, N, O);
