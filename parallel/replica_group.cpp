@@ -85,6 +85,7 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     rep->device_ = devices[r];
     rep->pool_ = make_pool(devices[r], devices[r].kind == DeviceKind::cpu ? opts.cpu_pool : opts.cuda_pool);
     rep->stream_ = std::move(streams[r]);
+    if (devices[r].kind == DeviceKind::cuda) rep->copy_stream_ = make_stream(devices[r]);
     rep->comm_ = std::move(comms[r]);
     replicas_.push_back(std::move(rep));
   }

@@ -24,7 +24,9 @@ class Replica {
   int world() const { return comm_->size(); }
   const Device& device() const { return device_; }
   MemoryPool& pool() { return *pool_; }
-  Stream& stream() { return *stream_; }
+  Stream& stream() { return *stream_; }  // compute
+  // Host-to-device input copies overlap compute here (GPU replicas; null on CPU).
+  Stream* copy_stream() { return copy_stream_.get(); }
   Communicator& comm() { return *comm_; }
 
   // pmap-style helpers over f32 buffers, in place, in host or device memory (host data on a GPU
@@ -40,7 +42,7 @@ class Replica {
   int rank_ = 0, local_ = 0;
   Device device_;
   std::unique_ptr<MemoryPool> pool_;
-  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Stream> stream_, copy_stream_;
   std::unique_ptr<Communicator> comm_;
 };
 

@@ -10,10 +10,10 @@ arch="${1:-90}"
 out="${2:-gpu-bundle}"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DREPLICA_CUDA=ON -DREPLICA_NATIVE=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
-cmake --build build-gpu -j "$(nproc)" --target replica test_core_gpu test_nccl test_cuda_conformance
+cmake --build build-gpu -j "$(nproc)" --target replica test_core_gpu test_nccl test_cuda_conformance test_input_stager
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-cp build-gpu/apps/replica build-gpu/tests/test_core_gpu build-gpu/tests/test_nccl build-gpu/tests/test_cuda_conformance "$out/bin/"
+cp build-gpu/apps/replica build-gpu/tests/test_core_gpu build-gpu/tests/test_nccl build-gpu/tests/test_cuda_conformance build-gpu/tests/test_input_stager "$out/bin/"
 cp scripts/gpu-check.sh "$out/"
 mkdir -p "$out/configs" "$out/bench/anchors"
 cp configs/*.yaml "$out/configs/"

@@ -40,7 +40,7 @@ else
   root="$(cd "$here/.." && pwd)"
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
   phase configure 300 cmake -S "$root" -B "$root/build-gpu" -G Ninja -DREPLICA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}"
-  phase build 900 cmake --build "$root/build-gpu" -j "$(nproc)" --target replica test_core_gpu test_nccl test_cuda_conformance
+  phase build 900 cmake --build "$root/build-gpu" -j "$(nproc)" --target replica test_core_gpu test_nccl test_cuda_conformance test_input_stager
   bin="$root/build-gpu/apps"
   tests="$root/build-gpu/tests"
 fi
@@ -53,6 +53,7 @@ done
 phase devices 30 "$bin/replica" devices --devices cuda
 phase gpu-pool-tests 60 "$tests/test_core_gpu"
 phase nccl-tests 60 "$tests/test_nccl"
+phase input-stager 30 "$tests/test_input_stager"
 phase conformance 150 "$tests/test_cuda_conformance"
 phase nccl-allreduce-bench 60 "$bin/replica" bench allreduce --devices cuda -b 8 -e 256M -f 4
 

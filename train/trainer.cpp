@@ -199,6 +199,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
                             : 1;
     st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), st.input_pool(rep), aug_,
                                                       cfg_.train.seed, cfg_.data.prefetch, workers);
+    st.inputs = std::make_unique<InputStager>(rep.pool(), rep.copy_stream(), &rep.stream());
   });
   if (!opts_.resume.empty()) load_resume_point();
 }
@@ -347,7 +348,10 @@ void Trainer::load_resume_point() {
 }
 
 Trainer::~Trainer() {
-  for (auto& s : states_) s.loader.reset();  // stop prefetch threads before pools go
+  for (auto& s : states_) {
+    s.loader.reset();  // stop prefetch threads before pools go
+    s.inputs.reset();
+  }
 }
 
 void Trainer::log_line(const std::string& json) {
@@ -443,6 +447,11 @@ FitResult Trainer::fit() {
       auto t_epoch = Clock::now();
       const int64_t first = epoch == start_epoch_ ? start_step_in_epoch_ : 0;
       st.loader->begin_epoch(epoch, first);
+      st.inputs->clear();
+      auto next_batch = [&] {
+        Timeline::Scope wait(timeline_.get(), 2 * rep.rank(), "data wait", "data");
+        return st.loader->next();
+      };
       for (int64_t s = first; s < spe && global_step < total_steps_; ++s) {
         rep.pool().set_step(global_step);
         // memory.step_plan: the second step of the run is recorded, later ones are served.
@@ -452,12 +461,13 @@ FitResult Trainer::fit() {
         if (plan && nth >= 2) rep.pool().plan_step_begin();
         st.step->zero_grad();
         for (int k = 0; k < accumulation_; ++k) {
-          data::Batch b = [&] {
-            Timeline::Scope wait(timeline_.get(), 2 * rep.rank(), "data wait", "data");
-            return st.loader->next();
-          }();
-          st.step->micro_step(to_pool(b.images, rep.pool(), MemTag::data), to_pool(b.labels, rep.pool(), MemTag::data),
-                              k == accumulation_ - 1);
+          if (st.inputs->empty()) st.inputs->push(next_batch());
+          auto [images, labels] = st.inputs->front();
+          // The next micro-batch of this epoch starts its copy now, overlapping this one's compute.
+          const bool more = k + 1 < accumulation_ || (s + 1 < spe && global_step + 1 < total_steps_);
+          if (rep.copy_stream() && more) st.inputs->push(next_batch());
+          st.step->micro_step(images, labels, k == accumulation_ - 1);
+          st.inputs->pop();
         }
         // The schedule advances with applied steps only: a skipped (overflowing) step leaves it.
         StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()));

@@ -10,6 +10,7 @@
 #include "core/alloc_trace.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "train/input_stager.h"
 #include "optim/schedule.h"
 #include "parallel/replica_group.h"
 #include "train/config.h"
@@ -72,6 +73,7 @@ class Trainer {
     // Pinned host memory batches are assembled in before their copy to a GPU (null on CPU).
     std::unique_ptr<MemoryPool> staging;
     std::unique_ptr<data::ReplicaLoader> loader;
+    std::unique_ptr<InputStager> inputs;  // batches to the device ahead of use (copy stream)
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
   EvalResult evaluate_on(parallel::Replica& rep);

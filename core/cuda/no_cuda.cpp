@@ -25,6 +25,7 @@ std::unique_ptr<Upstream> make_device_upstream(const Device&) { not_built(); }
 std::unique_ptr<Upstream> make_pinned_upstream() { not_built(); }
 std::unique_ptr<Stream> make_cuda_stream(const Device&) { not_built(); }
 void copy(void*, const void*, size_t, Stream*) { not_built(); }
+void copy_async(void*, const void*, size_t, Stream&) { not_built(); }
 void memset_zero(void*, size_t, Stream*) { not_built(); }
 void set_device(int) { not_built(); }
 bool is_device_pointer(const void*) { return false; }

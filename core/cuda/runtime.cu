@@ -159,6 +159,10 @@ void copy(void* dst, const void* src, size_t bytes, Stream* stream) {
   if (!is_device_pointer(dst) || !is_device_pointer(src)) REPLICA_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+void copy_async(void* dst, const void* src, size_t bytes, Stream& stream) {
+  if (bytes) REPLICA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, native(&stream)));
+}
+
 void memset_zero(void* p, size_t bytes, Stream* stream) {
   if (bytes) REPLICA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, native(stream)));
 }

@@ -24,6 +24,9 @@ std::unique_ptr<Stream> make_cuda_stream(const Device& d);
 // stream when null). Returns after the copy when either side is host memory, so the host may read
 // or reuse it; device-to-device copies stay asynchronous in stream order.
 void copy(void* dst, const void* src, size_t bytes, Stream* stream);
+// The same without waiting: the caller keeps both sides alive (pinned host memory) until an event
+// recorded on `stream` after it has passed.
+void copy_async(void* dst, const void* src, size_t bytes, Stream& stream);
 // Zero-fills device memory in stream order.
 void memset_zero(void* p, size_t bytes, Stream* stream);
 // Makes `index` the calling thread's current device.
