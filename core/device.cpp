@@ -1,6 +1,8 @@
 // Device-list parsing and host device information (CUDA discovery lives in core/cuda/).
 #include "core/device.h"
 
+#include <cstdlib>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +54,17 @@ int parse_int(const std::string& s, const std::string& spec) {
 }
 }  // namespace
 
+int launcher_local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
+    if (const char* e = std::getenv(v)) {
+      char* end = nullptr;
+      const long r = std::strtol(e, &end, 10);
+      if (*e && !*end && r >= 0) return static_cast<int>(r);
+      throw ConfigError(std::string(v) + "=" + e + ": expected the process's local rank (a whole number >= 0)");
+    }
+  return 0;
+}
+
 std::vector<Device> parse_devices(const std::string& spec) {
   std::vector<Device> out;
   if (spec == "auto") {
@@ -78,6 +91,13 @@ std::vector<Device> parse_devices(const std::string& spec) {
     if (spec == "cuda") {
       for (auto& g : gpus) out.push_back(g.device);
       return out;
+    }
+    if (spec == "cuda:local") {  // one process per GPU: the launcher's local rank picks it
+      const int local = launcher_local_rank();
+      if (local < 0 || local >= static_cast<int>(gpus.size()))
+        throw ConfigError("devices: 'cuda:local' is GPU " + std::to_string(local) + " (this process's local rank) but " +
+                          std::to_string(gpus.size()) + " GPU(s) are visible; start at most one process per GPU");
+      return {{DeviceKind::cuda, local}};
     }
     std::string list = spec.substr(5);
     size_t start = 0;

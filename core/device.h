@@ -35,6 +35,9 @@ std::vector<Device> parse_devices(const std::string& spec);
 DeviceInfo cpu_device_info(int index);
 size_t host_physical_memory();
 int host_core_count();
+// This process's index among the job's processes on its node, as the launcher says
+// (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID, LOCAL_RANK); 0 when started plainly.
+int launcher_local_rank();
 
 // CUDA devices visible to this process (honours CUDA_VISIBLE_DEVICES, including MIG UUIDs,
 // because the CUDA runtime applies it). Empty when no device is present or CUDA is not built;

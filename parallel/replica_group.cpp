@@ -67,11 +67,7 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     process_rank_ = p.rank;
     processes_ = p.size;
     // Processes sharing a node take disjoint cores: the launcher says which one this is.
-    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
-      if (const char* s = std::getenv(v)) {
-        node_slot_ = std::atoi(s);
-        break;
-      }
+    node_slot_ = launcher_local_rank();
   } else {
     HostCommOptions co;
     co.timeout = opts.comm_timeout;

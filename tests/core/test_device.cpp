@@ -46,3 +46,16 @@ TEST(Devices, HostInfo) {
   EXPECT_TRUE(e->done());
   s->wait(*e);
 }
+
+TEST(Device, LauncherLocalRankFromTheEnvironment) {
+  const char* vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"};
+  for (const char* v : vars) unsetenv(v);
+  EXPECT_EQ(launcher_local_rank(), 0) << "started plainly";
+  setenv("SLURM_LOCALID", "3", 1);
+  EXPECT_EQ(launcher_local_rank(), 3);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  EXPECT_EQ(launcher_local_rank(), 1) << "OpenMPI's variable first";
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x", 1);
+  EXPECT_THROW(launcher_local_rank(), ConfigError);
+  for (const char* v : vars) unsetenv(v);
+}
