@@ -335,15 +335,26 @@ __global__ void k_bn_coef_eval(DPtr gamma, DPtr beta, const float* rm, const flo
   }
 }
 
-__global__ void k_bn_apply(DPtr x, DPtr y, int64_t n, int C, const float* a, const float* b, bool relu) {
-  unrolled(
-      n,
-      [&](int64_t i) {
-        const int c = static_cast<int>(i % C);
-        const float v = ld(x.p, x.dt, i) * a[c] + b[c];
-        return relu && v < 0.f ? 0.f : v;
-      },
-      [&](int64_t i, float v) { st(y.mut(), y.dt, i, v); });
+// The [M, C] passes of batch norm run on the statistics' grid (a fixed channel per thread, rows
+// strided): no per-element index division, and the channel's coefficients stay in registers.
+__global__ void k_bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu) {
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  if (c >= C) return;
+  const float ac = a[c], bc = b[c];
+  const int64_t S = static_cast<int64_t>(gridDim.y) * kBnRows;
+  for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += kUnroll * S) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * S;
+      if (rr < M) v[u] = ld(x.p, x.dt, rr * C + c) * ac + bc;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * S;
+      if (rr < M) st(y.mut(), y.dt, rr * C + c, relu && v[u] < 0.f ? 0.f : v[u]);
+    }
+  }
 }
 
 __global__ void k_bn_params(const double* acc, int C, float* dgamma, float* dbeta) {
@@ -354,30 +365,49 @@ __global__ void k_bn_params(const double* acc, int C, float* dgamma, float* dbet
 }
 
 __global__ void k_bn_bwd_apply(DPtr dy, DPtr ry, DPtr x, DPtr gamma, const float* mean, const float* invstd,
-                               const double* acc, DPtr dx, int64_t n, int C) {
-  unrolled(
-      n,
-      [&](int64_t i) {
-        const int c = static_cast<int>(i % C);
-        const float k = ld(gamma.p, gamma.dt, c) * invstd[c];
+                               const double* acc, DPtr dx, int64_t M, int C) {
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  if (c >= C) return;
+  const float inv = invstd[c], mu = mean[c];
+  const float k = ld(gamma.p, gamma.dt, c) * inv;
+  float m1 = 0.f, m2 = 0.f;  // frozen statistics (acc == null): dx = k * dy
+  if (acc) {
+    const double Mg = acc[2 * C];
+    m1 = static_cast<float>(acc[c] / Mg);
+    m2 = static_cast<float>(acc[C + c] / Mg);
+  }
+  const int64_t S = static_cast<int64_t>(gridDim.y) * kBnRows;
+  for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += kUnroll * S) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * S;
+      if (rr < M) {
+        const int64_t i = rr * C + c;
         const float g = masked_dy(dy, ry, i);
-        if (!acc) return k * g;  // frozen statistics
-        const double Mg = acc[2 * C];
-        const float m1 = static_cast<float>(acc[c] / Mg), m2 = static_cast<float>(acc[C + c] / Mg);
-        const float xhat = (ld(x.p, x.dt, i) - mean[c]) * invstd[c];
-        return k * (g - m1 - xhat * m2);
-      },
-      [&](int64_t i, float v) { st(dx.mut(), dx.dt, i, v); });
+        v[u] = acc ? k * (g - m1 - (ld(x.p, x.dt, i) - mu) * inv * m2) : k * g;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * S;
+      if (rr < M) st(dx.mut(), dx.dt, rr * C + c, v[u]);
+    }
+  }
 }
 
 // ---- pooling ----------------------------------------------------------------------------------
 
+// Pooling index math in I: 32-bit when the tensor allows (a 64-bit division costs several times
+// a 32-bit one, and these kernels do four per element). The launchers take 32 bits below 2^30
+// elements, so index + grid stride (at most 2^28) cannot overflow.
+template <typename I>
 __global__ void k_maxpool(DPtr x, DPtr y, int32_t* arg, int N, int H, int W, int C, int P, int Q, int win, int stride,
                           int pad) {
-  const int64_t total = static_cast<int64_t>(N) * P * Q * C;
-  GRID_STRIDE(i, total) {
+  const I total = static_cast<I>(N) * P * Q * C;
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total; i += static_cast<I>(gridDim.x) * blockDim.x) {
     const int c = static_cast<int>(i % C);
-    int64_t t = i / C;
+    I t = i / C;
     const int q = static_cast<int>(t % Q);
     t /= Q;
     const int p = static_cast<int>(t % P);
@@ -390,7 +420,7 @@ __global__ void k_maxpool(DPtr x, DPtr y, int32_t* arg, int N, int H, int W, int
       for (int s = 0; s < win; ++s) {
         const int w = q * stride - pad + s;
         if (w < 0 || w >= W) continue;
-        const float v = ld(x.p, x.dt, ((static_cast<int64_t>(n) * H + h) * W + w) * C + c);
+        const float v = ld(x.p, x.dt, ((static_cast<I>(n) * H + h) * W + w) * C + c);
         if (v > best || besti < 0) {
           best = v;
           besti = h * W + w;
@@ -403,12 +433,13 @@ __global__ void k_maxpool(DPtr x, DPtr y, int32_t* arg, int N, int H, int W, int
 }
 
 // Gather form: each input element sums the outputs whose argmax it is, in the CPU backend's order.
+template <typename I>
 __global__ void k_maxpool_bwd(DPtr dy, const int32_t* arg, DPtr dx, int N, int H, int W, int C, int P, int Q, int win,
                               int stride, int pad) {
-  const int64_t total = static_cast<int64_t>(N) * H * W * C;
-  GRID_STRIDE(i, total) {
+  const I total = static_cast<I>(N) * H * W * C;
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total; i += static_cast<I>(gridDim.x) * blockDim.x) {
     const int c = static_cast<int>(i % C);
-    int64_t t = i / C;
+    I t = i / C;
     const int w = static_cast<int>(t % W);
     t /= W;
     const int h = static_cast<int>(t % H);
@@ -419,7 +450,7 @@ __global__ void k_maxpool_bwd(DPtr dy, const int32_t* arg, DPtr dx, int N, int H
     float sum = 0.f;
     for (int p = p0; p <= p1; ++p)
       for (int q = q0; q <= q1; ++q) {
-        const int64_t o = ((static_cast<int64_t>(n) * P + p) * Q + q) * C + c;
+        const I o = ((static_cast<I>(n) * P + p) * Q + q) * C + c;
         if (arg[o] == h * W + w) sum += ld(dy.p, dy.dt, o);
       }
     st(dx.mut(), dx.dt, i, sum);
@@ -608,25 +639,31 @@ void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, cons
   LAUNCH(k_bn_coef_eval, C, s, gamma, beta, running_mean, running_var, eps, C, a, b);
 }
 void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu, cudaStream_t s) {
-  LAUNCH_UNROLLED(k_bn_apply, M * C, s, x, y, M * C, C, a, b, relu);
+  if (M <= 0 || C <= 0) return;
+  k_bn_apply<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(x, y, M, C, a, b, relu);
+  check_launch("k_bn_apply");
 }
 void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta, cudaStream_t s) {
   LAUNCH(k_bn_params, C, s, acc, C, dgamma, dbeta);
 }
 void bn_backward_apply(DPtr dy, DPtr relu_y, DPtr x, DPtr gamma, const float* mean, const float* invstd,
                        const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s) {
-  LAUNCH_UNROLLED(k_bn_bwd_apply, M * C, s, dy, relu_y, x, gamma, mean, invstd, acc, dx, M * C, C);
+  if (M <= 0 || C <= 0) return;
+  k_bn_bwd_apply<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(dy, relu_y, x, gamma, mean, invstd, acc, dx, M, C);
+  check_launch("k_bn_bwd_apply");
 }
 
 void maxpool_forward(DPtr x, DPtr y, int32_t* argmax, int N, int H, int W, int C, int P, int Q, int window, int stride,
                      int pad, cudaStream_t s) {
-  const int64_t n = static_cast<int64_t>(N) * P * Q * C;
-  LAUNCH(k_maxpool, n, s, x, y, argmax, N, H, W, C, P, Q, window, stride, pad);
+  const int64_t n = static_cast<int64_t>(N) * H * W * C;  // the larger of input and output
+  if (n < (int64_t(1) << 30)) LAUNCH(k_maxpool<int32_t>, static_cast<int64_t>(N) * P * Q * C, s, x, y, argmax, N, H, W, C, P, Q, window, stride, pad);
+  else LAUNCH(k_maxpool<int64_t>, static_cast<int64_t>(N) * P * Q * C, s, x, y, argmax, N, H, W, C, P, Q, window, stride, pad);
 }
 void maxpool_backward(DPtr dy, const int32_t* argmax, DPtr dx, int N, int H, int W, int C, int P, int Q, int window,
                       int stride, int pad, cudaStream_t s) {
   const int64_t n = static_cast<int64_t>(N) * H * W * C;
-  LAUNCH(k_maxpool_bwd, n, s, dy, argmax, dx, N, H, W, C, P, Q, window, stride, pad);
+  if (n < (int64_t(1) << 30)) LAUNCH(k_maxpool_bwd<int32_t>, n, s, dy, argmax, dx, N, H, W, C, P, Q, window, stride, pad);
+  else LAUNCH(k_maxpool_bwd<int64_t>, n, s, dy, argmax, dx, N, H, W, C, P, Q, window, stride, pad);
 }
 void global_avgpool_forward(DPtr x, DPtr y, int N, int HW, int C, cudaStream_t s) {
   LAUNCH(k_gap, static_cast<int64_t>(N) * C, s, x, y, N, HW, C);
