@@ -52,3 +52,78 @@ TEST(Nccl, CollectivesOnDeviceBuffers) {
     });
   }
 }
+
+namespace {
+std::vector<float> down(Replica&, const Tensor& t) { return host_floats(t); }
+Tensor up(Replica& rep, const std::vector<float>& v, DType dt) {
+  std::vector<char> b(v.size() * dtype_size(dt));
+  convert(v.data(), DType::f32, b.data(), dt, v.size());
+  Tensor t = Tensor::empty(rep.pool(), {static_cast<int64_t>(v.size())}, dt, MemTag::comm);
+  tensor_from_bytes(t, b.data(), b.size());
+  return t;
+}
+GroupOptions small_pools() {
+  GroupOptions o;
+  o.cuda_pool.mode = AllocatorMode::growth;
+  return o;
+}
+}  // namespace
+
+// The host communicator's dtype and layout assertions, on NCCL: f16/bf16 sums (small integers,
+// exact in 16 bits), all-gather and reduce-scatter contents, odd sizes.
+TEST(Nccl, SixteenBitReductionsAndGatherScatterContents) {
+  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device present";
+  if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  ReplicaGroup group(parse_devices("cuda"), small_pools());
+  const int world = group.world();
+  group.run([&](Replica& rep) {
+    const int r = rep.rank();
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      const size_t n = 1001;
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 7) + r);
+      Tensor t = up(rep, v, dt);
+      rep.comm().all_reduce(t.raw(), n, dt, ReduceOp::sum);
+      auto h = down(rep, t);
+      for (size_t i : {size_t(0), size_t(500), n - 1})
+        EXPECT_EQ(h[i], static_cast<float>(world * (i % 7) + world * (world - 1) / 2)) << dtype_name(dt) << " " << i;
+    }
+    const size_t n = 13;
+    std::vector<float> mine(n, static_cast<float>(r + 1));
+    Tensor s = up(rep, mine, DType::f32);
+    Tensor all = Tensor::empty(rep.pool(), {static_cast<int64_t>(n) * world}, DType::f32, MemTag::comm);
+    rep.comm().all_gather(s.raw(), all.raw(), n, DType::f32);
+    auto g = down(rep, all);
+    for (int q = 0; q < world; ++q) EXPECT_EQ(g[q * n + n - 1], static_cast<float>(q + 1)) << "block of rank " << q;
+    std::vector<float> blocks(n * world);
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<float>(i / n);  // block q holds q
+    Tensor b = up(rep, blocks, DType::f32), out = Tensor::empty(rep.pool(), {static_cast<int64_t>(n)}, DType::f32, MemTag::comm);
+    rep.comm().reduce_scatter(b.raw(), out.raw(), n, DType::f32, ReduceOp::sum);
+    EXPECT_EQ(down(rep, out)[n - 1], static_cast<float>(world * r)) << "rank r receives the sum of block r";
+  });
+}
+
+// What the trainer does with host numbers on GPU replicas (losses, stop votes, checkpoints):
+// psum and all_gather on host memory stage through the device; on device memory they do not.
+TEST(Nccl, ReplicaHelpersTakeHostAndDevicePointers) {
+  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device present";
+  if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  ReplicaGroup group(parse_devices("cuda"), small_pools());
+  const int world = group.world();
+  group.run([&](Replica& rep) {
+    const int r = rep.rank();
+    float h[3] = {1.f, static_cast<float>(r), 2.f};
+    rep.psum(h, 3);
+    EXPECT_EQ(h[0], static_cast<float>(world));
+    EXPECT_EQ(h[1], static_cast<float>(world * (world - 1) / 2));
+    rep.pmean(h, 3);
+    EXPECT_EQ(h[2], static_cast<float>(2 * world));
+    auto g = rep.all_gather(h, 1);
+    ASSERT_EQ(g.size(), static_cast<size_t>(world));
+    Tensor d = up(rep, {static_cast<float>(r)}, DType::f32);
+    rep.psum(d.data<float>(), 1);
+    EXPECT_EQ(down(rep, d)[0], static_cast<float>(world * (world - 1) / 2));
+    auto gd = rep.all_gather(up(rep, {static_cast<float>(r + 10)}, DType::f32).data<float>(), 1);
+    for (int q = 0; q < world; ++q) EXPECT_EQ(gd[q], static_cast<float>(q + 10));
+  });
+}
