@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "core/cuda/runtime.h"
 #include "core/pools.h"
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
@@ -19,10 +20,15 @@ struct Measured {
   double peak = 0, reserved = 0;
 };
 
-Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int64_t b) {
+// One training step of micro-batch b on `device`, in a fresh growth pool. On a GPU a first step
+// runs unmeasured: it is where cuDNN times its algorithms in transient workspaces that later steps
+// do not take.
+Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int64_t b, const Device& device) {
   PoolOptions po;
   po.mode = AllocatorMode::growth;
-  auto pool = make_pool({DeviceKind::cpu, 0}, po);
+  const bool gpu = device.kind == DeviceKind::cuda;
+  if (gpu) cuda::set_device(device.index);
+  auto pool = make_pool(gpu ? device : Device{DeviceKind::cpu, 0}, po);
   const DType dt = parse_dtype(cfg.train.precision);
   auto model = models::make_resnet({.arch = cfg.model.arch, .in_channels = sample[2], .num_classes = classes,
                                     .height = sample[0], .width = sample[1], .base_width = cfg.model.width,
@@ -40,9 +46,8 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
     comm = Tensor::empty(*pool, model->grads().shape(), parse_dtype(cfg.parallel.grad_dtype), MemTag::comm);
   Tensor x = Tensor::zeros(*pool, {b, sample[0], sample[1], sample[2]}, DType::f32, MemTag::other);
   Tensor y = Tensor::zeros(*pool, {b}, DType::i32, MemTag::other);
-  pool->reset_peaks();
   auto& be = ops::backend_for(pool->device());
-  {
+  auto step = [&] {
     nn::Context ctx(*pool, be, true);
     ctx.act_dtype = dt;
     ctx.bn_frozen = cfg.model.freeze_bn;
@@ -54,8 +59,11 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
     logits = Tensor();
     probs = Tensor();
     model->backward(ctx, d);
-  }
-  opt->step(model->params(), model->grads(), 0.f);
+    opt->step(model->params(), model->grads(), 0.f);
+  };
+  if (gpu) step();
+  pool->reset_peaks();
+  step();
   auto s = pool->stats();
   Measured m;
   for (int t = 0; t < kNumTags; ++t) m.tags[t] = static_cast<double>(s.tags[t].peak_in_use);
@@ -76,7 +84,9 @@ MemPlan plan_memory(const RunConfig& cfg, int64_t micro) {
   if (micro <= 0) micro = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : std::max<int64_t>(1, cfg.train.global_batch / R);
   // Two small sizes: above the batch where convolution chunks stop growing for small images.
   const int64_t b1 = std::min<int64_t>(micro, 8), b2 = 2 * b1;
-  Measured m1 = measure(cfg, sample, classes, b1), m2 = measure(cfg, sample, classes, b2);
+  // Measured on the replicas' device kind: a GPU's kernels (cuDNN workspaces, 16-bit filter
+  // gradients) take other memory than the CPU's.
+  Measured m1 = measure(cfg, sample, classes, b1, devices[0]), m2 = measure(cfg, sample, classes, b2, devices[0]);
   auto at = [&](double v1, double v2, double b) { return v1 + (v2 - v1) / static_cast<double>(b2 - b1) * (b - b1); };
   const double input_per_sample = static_cast<double>(sample.numel() * 4 + 4);
   const int prefetch = cfg.data.prefetch;
@@ -85,8 +95,11 @@ MemPlan plan_memory(const RunConfig& cfg, int64_t micro) {
   p.micro_batch = micro;
   p.replicas = R;
   for (int t = 0; t < kNumTags; ++t) p.tag_bytes[t] = at(m1.tags[t], m2.tags[t], static_cast<double>(micro));
-  p.inputs_bytes = input_per_sample * micro * (prefetch + 1);
-  auto peak_at = [&](double b) { return at(m1.peak, m2.peak, b) + input_per_sample * b * (prefetch + 1); };
+  // Inputs in the replica's pool: the current and prefetched batches on a CPU; on a GPU the
+  // loader's batches wait in pinned host memory and the device holds the stager's two slots.
+  const int input_batches = devices[0].kind == DeviceKind::cuda ? 2 : prefetch + 1;
+  p.inputs_bytes = input_per_sample * micro * input_batches;
+  auto peak_at = [&](double b) { return at(m1.peak, m2.peak, b) + input_per_sample * b * input_batches; };
   p.peak_bytes = peak_at(static_cast<double>(micro));
   p.overhead_bytes = std::max(0.0, at(m1.reserved - m1.peak, m2.reserved - m2.peak, static_cast<double>(micro)));
 
@@ -131,7 +144,7 @@ std::string MemPlan::report() const {
     os << "  " << mem_tag_name(static_cast<MemTag>(t)) << std::string(12 - std::string(mem_tag_name(static_cast<MemTag>(t))).size(), ' ')
        << mib(tag_bytes[t]) << " (peak)\n";
   }
-  os << "  inputs      " << mib(inputs_bytes) << " (current + prefetched batches)\n";
+  os << "  inputs      " << mib(inputs_bytes) << " (batches waiting in the pool: current + prefetched; a GPU's two staging slots)\n";
   if (overhead_bytes > 0) os << "  pool slack  " << mib(overhead_bytes) << " (growth regions reserved beyond in use)\n";
   os << "  peak        " << mib(peak_bytes) << " in use at once (tags peak at different moments)\n";
   os << "pool: " << pool << "\n";
