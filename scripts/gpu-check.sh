@@ -17,8 +17,10 @@ phase() {  # phase NAME SECONDS command...
   local t0=$(date +%s)
   timeout "$limit" "$@" 2>&1 | tee -a "$summary" | tee "/tmp/phase-$name.log"
   local rc=${PIPESTATUS[0]}
+  last_rc=$rc
   log "## phase '$name': exit $rc, $(( $(date +%s) - t0 )) s (limit $limit s)"
 }
+last_rc=0
 
 if [ -d "$here/bin" ]; then
   bin="$here/bin"
@@ -50,6 +52,9 @@ for b in "$bin/replica" "$tests/test_cuda_conformance"; do
   missing=$(ldd "$b" 2>/dev/null | grep "not found")
   [ -n "$missing" ] && log "# $b cannot find: $missing"
 done
+# Which CUDA libraries the binaries resolved, and PyTorch's versions, for the record.
+ldd "$bin/replica" 2>/dev/null | grep -E "libcudnn|libcublas|libnccl|libcudart" | tee -a "$summary"
+python3 -c "import torch; print('# torch', torch.__version__, 'cuDNN', torch.backends.cudnn.version(), 'CUDA', torch.version.cuda)" 2>&1 | tee -a "$summary"
 phase devices 30 "$bin/replica" devices --devices cuda
 phase gpu-pool-tests 60 "$tests/test_core_gpu"
 phase nccl-tests 60 "$tests/test_nccl"
@@ -66,6 +71,10 @@ python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2>/dev/
 for prec in fp16 bf16; do
   phase "replica-resnet50-$prec" 150 "$bin/replica" bench train "$cfg" --kind cuda --replicas 1 --steps 20 --warmup 5 \
         --set train.global_batch=256 --set train.micro_batch=256 --set train.precision=$prec
+  if [ -z "$(rate "replica-resnet50-$prec")" ] && [ "$last_rc" != 124 ]; then  # failed fast: retry with cuDNN's heuristics
+    REPLICA_CUDNN_ALGO=heuristic phase "replica-resnet50-$prec" 150 "$bin/replica" bench train "$cfg" --kind cuda \
+        --replicas 1 --steps 20 --warmup 5 --set train.global_batch=256 --set train.micro_batch=256 --set train.precision=$prec
+  fi
   if [ $have_torch = 1 ]; then
     phase "torch-resnet50-$prec" 120 python3 "$root/bench/anchors/torch_resnet50_amp.py" --dtype $prec --batch 256 --steps 20 --warmup 5
   fi
