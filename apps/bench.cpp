@@ -37,6 +37,7 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
   go.cpu_pool.bytes = o.max_bytes * 2 + (64 << 20);
   go.cuda_pool.mode = AllocatorMode::growth;  // take what the buffers need, not 75% of each GPU
   go.cuda_pool.bytes = o.max_bytes * 2 + (64 << 20);
+  go.solo_single_gpu = false;  // measure NCCL itself, even with one GPU
   parallel::ReplicaGroup group(devices, go);
   const int W = group.world();  // all ranks, over all processes under mpirun
   const bool lead = group.lead_process();

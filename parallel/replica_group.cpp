@@ -11,6 +11,7 @@
 #include "core/pools.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/host/host_communicator.h"
+#include "parallel/solo_communicator.h"
 #include "parallel/mpi/mpi_communicator.h"
 #include "parallel/nccl/nccl_communicator.h"
 
@@ -50,7 +51,10 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     stream_ptrs.push_back(streams.back().get());
   }
   std::vector<std::unique_ptr<Communicator>> comms;
-  if (cuda_count) {
+  if (cuda_count == 1 && !launched_by_mpi() && opts.solo_single_gpu) {
+    // One GPU, one process: nothing to communicate, so no NCCL (nor its start-up) is needed.
+    comms.push_back(make_solo_communicator());
+  } else if (cuda_count) {
     NcclOptions no;
     no.timeout = opts.comm_timeout;
     comms = make_nccl_communicators(devices, stream_ptrs, no);

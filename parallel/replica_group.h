@@ -61,6 +61,9 @@ struct GroupOptions {
   PoolOptions cuda_pool;  // and for GPU replicas
   std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};
   bool pin_threads = true;  // pin CPU replica i to core i (when there are enough cores)
+  // A single GPU replica without MPI gets the solo communicator instead of a one-rank NCCL one
+  // (the NCCL tests and benchmarks turn this off).
+  bool solo_single_gpu = true;
 };
 
 class ReplicaGroup {

@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "parallel/host/host_communicator.h"
 #include "parallel/replica_group.h"
+#include "parallel/solo_communicator.h"
 
 using namespace replica;
 using namespace replica::parallel;
@@ -220,4 +221,26 @@ TEST(ReplicaGroupTest, RunsOnEveryReplicaAndSurfacesErrorsWithRank) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "no hang";
   EXPECT_THROW(group.run([](Replica&) {}), Error) << "a broken group says so";
+}
+
+TEST(SoloCommunicator, AWorldOfOneIsTheIdentity) {
+  // What a single GPU replica gets instead of NCCL; the copies work on host memory too.
+  auto c = make_solo_communicator();
+  EXPECT_EQ(c->size(), 1);
+  EXPECT_EQ(c->rank(), 0);
+  std::vector<float> v{1.f, -2.f, 3.5f};
+  c->all_reduce(v.data(), 3, DType::f32, ReduceOp::sum);
+  c->all_reduce(v.data(), 3, DType::f32, ReduceOp::avg);
+  c->broadcast(v.data(), 3, DType::f32, 0);
+  EXPECT_EQ(v, (std::vector<float>{1.f, -2.f, 3.5f}));
+  std::vector<float> g(3);
+  c->all_gather(v.data(), g.data(), 3, DType::f32);
+  EXPECT_EQ(g, v);
+  std::vector<float> rs(3);
+  c->reduce_scatter(v.data(), rs.data(), 3, DType::f32, ReduceOp::sum);
+  EXPECT_EQ(rs, v);
+  EXPECT_TRUE(c->all_reduce_async(v.data(), 3, DType::f32, ReduceOp::max)->done());
+  EXPECT_THROW(c->broadcast(v.data(), 3, DType::f32, 1), CommError);
+  c->abort("test");
+  EXPECT_THROW(c->barrier(), CommError);
 }

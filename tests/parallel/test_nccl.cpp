@@ -15,6 +15,7 @@ TEST(Nccl, CollectivesOnDeviceBuffers) {
   GroupOptions o;
   o.cuda_pool.mode = AllocatorMode::growth;
   o.cuda_pool.bytes = size_t(256) << 20;
+  o.solo_single_gpu = false;  // NCCL even on one GPU
   ReplicaGroup group(parse_devices("cuda"), o);
   const int world = group.world();
   const Device cpu{DeviceKind::cpu, 0};
@@ -65,6 +66,7 @@ Tensor up(Replica& rep, const std::vector<float>& v, DType dt) {
 GroupOptions small_pools() {
   GroupOptions o;
   o.cuda_pool.mode = AllocatorMode::growth;
+  o.solo_single_gpu = false;  // NCCL even on one GPU
   return o;
 }
 }  // namespace
