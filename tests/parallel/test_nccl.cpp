@@ -129,3 +129,40 @@ TEST(Nccl, ReplicaHelpersTakeHostAndDevicePointers) {
     for (int q = 0; q < world; ++q) EXPECT_EQ(gd[q], static_cast<float>(q + 10));
   });
 }
+
+// Failures: an aborted communicator refuses further collectives with an error naming the rank;
+// with two or more GPUs, a rank that never joins a collective makes the others time out (and
+// abort) instead of hanging.
+TEST(Nccl, AbortAndTimeOutNameTheRank) {
+  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device present";
+  if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  {
+    ReplicaGroup group(parse_devices("cuda"), small_pools());
+    group.run([&](Replica& rep) {
+      rep.comm().abort("test");
+      Tensor t = up(rep, {1.f}, DType::f32);
+      try {
+        rep.comm().all_reduce(t.raw(), 1, DType::f32, ReduceOp::sum);
+        ADD_FAILURE() << "a collective on an aborted communicator returned";
+      } catch (const CommError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(rep.rank())), std::string::npos) << e.what();
+      }
+    });
+  }
+  if (cuda_devices().size() < 2) GTEST_SKIP() << "the time-out case needs two GPUs";
+  GroupOptions o = small_pools();
+  o.comm_timeout = std::chrono::seconds(3);
+  ReplicaGroup group(parse_devices("cuda"), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    group.run([&](Replica& rep) {
+      if (rep.rank() == 0) return;  // never joins
+      Tensor t = up(rep, {1.f}, DType::f32);
+      rep.comm().all_reduce(t.raw(), 1, DType::f32, ReduceOp::sum);
+    });
+    ADD_FAILURE() << "the collective without rank 0 completed";
+  } catch (const ReplicaError& e) {
+    EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << "nothing hangs";
+}
