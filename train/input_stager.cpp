@@ -38,8 +38,13 @@ void InputStager::push(data::Batch b) {
     s.consumed = nullptr;
   }
   if (s.consumed) copy_->wait(*s.consumed);  // the micro-step that read this slot has run
-  cuda::copy_async(s.images.raw(), s.host.images.raw(), s.images.nbytes(), *copy_);
-  cuda::copy_async(s.labels.raw(), s.host.labels.raw(), s.labels.nbytes(), *copy_);
+  if (pool_.device().kind == DeviceKind::cpu) {  // staging ahead on a CPU (tests the GPU path's order)
+    copy_tensor(s.host.images, s.images);
+    copy_tensor(s.host.labels, s.labels);
+  } else {
+    cuda::copy_async(s.images.raw(), s.host.images.raw(), s.images.nbytes(), *copy_);
+    cuda::copy_async(s.labels.raw(), s.host.labels.raw(), s.labels.nbytes(), *copy_);
+  }
   s.copied = copy_->record();
   count_++;
 }

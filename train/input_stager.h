@@ -16,7 +16,8 @@ namespace replica::train {
 
 class InputStager {
  public:
-  // copy == nullptr: pass-through (CPU replicas).
+  // copy == nullptr: pass-through (CPU replicas). A CPU pool with a copy stream stages ahead by
+  // plain copies: the GPU path's order, testable without a GPU (REPLICA_STAGE_AHEAD=1).
   InputStager(MemoryPool& device_pool, Stream* copy, Stream* compute);
   ~InputStager();
   InputStager(const InputStager&) = delete;
@@ -24,6 +25,8 @@ class InputStager {
 
   bool empty() const { return count_ == 0; }
   bool full() const { return count_ == 2; }
+  // True when batches are copied ahead (a GPU, or a CPU in the test mode).
+  bool ahead() const { return copy_ != nullptr; }
   // Starts moving `b` to the device (returns at once on a GPU). At most two batches are staged.
   void push(data::Batch b);
   // The oldest staged batch as device tensors (images, labels); later compute-stream work waits

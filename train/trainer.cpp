@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <cstring>
@@ -52,6 +53,11 @@ std::string json_num(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.6g", v);
   return b;
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
 }
 
 PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {
@@ -199,7 +205,12 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
                             : 1;
     st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), st.input_pool(rep), aug_,
                                                       cfg_.train.seed, cfg_.data.prefetch, workers);
-    st.inputs = std::make_unique<InputStager>(rep.pool(), rep.copy_stream(), &rep.stream());
+    Stream* copy = rep.copy_stream();
+    if (!copy && env_flag("REPLICA_STAGE_AHEAD")) {  // the GPU input order on a CPU replica (tests)
+      st.stage_stream = make_stream(rep.device());
+      copy = st.stage_stream.get();
+    }
+    st.inputs = std::make_unique<InputStager>(rep.pool(), copy, &rep.stream());
   });
   if (!opts_.resume.empty()) load_resume_point();
 }
@@ -351,6 +362,7 @@ Trainer::~Trainer() {
   for (auto& s : states_) {
     s.loader.reset();  // stop prefetch threads before pools go
     s.inputs.reset();
+    s.stage_stream.reset();
   }
 }
 
@@ -465,7 +477,7 @@ FitResult Trainer::fit() {
           auto [images, labels] = st.inputs->front();
           // The next micro-batch of this epoch starts its copy now, overlapping this one's compute.
           const bool more = k + 1 < accumulation_ || (s + 1 < spe && global_step + 1 < total_steps_);
-          if (rep.copy_stream() && more) st.inputs->push(next_batch());
+          if (st.inputs->ahead() && more) st.inputs->push(next_batch());
           st.step->micro_step(images, labels, k == accumulation_ - 1);
           st.inputs->pop();
         }

@@ -73,6 +73,7 @@ class Trainer {
     // Pinned host memory batches are assembled in before their copy to a GPU (null on CPU).
     std::unique_ptr<MemoryPool> staging;
     std::unique_ptr<data::ReplicaLoader> loader;
+    std::unique_ptr<Stream> stage_stream;  // CPU replicas under REPLICA_STAGE_AHEAD=1 only
     std::unique_ptr<InputStager> inputs;  // batches to the device ahead of use (copy stream)
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };

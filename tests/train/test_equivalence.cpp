@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "support/compare.h"
 #include "train/trainer.h"
@@ -75,4 +77,35 @@ TEST(Equivalence, AccumulationOnOneReplicaMatchesReplicasWithTheSameMicroBatches
   double d = replica::testing::max_rel_diff(a, s);
   EXPECT_LT(d, 2e-5) << "4 accumulation steps on 1 replica vs 4 replicas, same micro-batches";
   std::printf("accumulation 4x8 on 1 replica vs 4 replicas x 8: %.2e\n", d);
+}
+
+TEST(Equivalence, InputsStagedAheadChangeNothing) {
+  // GPU replicas copy the next micro-batch while the current one computes (train/input_stager.h);
+  // REPLICA_STAGE_AHEAD=1 runs that order on CPU replicas. Across accumulation, epoch boundaries
+  // and a stop in the middle of an epoch it must train exactly as the plain order does (and not
+  // wait for a batch the loader will never make).
+  const std::string dir = ::testing::TempDir() + "/ahead";
+  auto sets = base_sets(2, dir);
+  sets.push_back("train.micro_batch=4");  // 4 accumulation steps on each of 2 replicas
+  sets.push_back("train.epochs=3");
+  sets.push_back("train.max_steps=37");   // 16 steps an epoch: stops inside the third
+  for (auto& s : sets)
+    if (s == "train.max_steps=4") s = "train.epochs=3";
+  auto run = [&](bool stage_ahead, int* steps) {
+    if (stage_ahead) setenv("REPLICA_STAGE_AHEAD", "1", 1);
+    else unsetenv("REPLICA_STAGE_AHEAD");
+    auto cfg = train::parse_config("", "test", sets);
+    train::Trainer t(cfg, {.print = false, .on_step = [&](const train::StepStatus&) { ++*steps; }});
+    t.fit();
+    unsetenv("REPLICA_STAGE_AHEAD");
+    auto& p = t.model(0).params();
+    return std::vector<float>(p.data<float>(), p.data<float>() + p.numel());
+  };
+  int plain_steps = 0, ahead_steps = 0;
+  auto plain = run(false, &plain_steps);
+  auto ahead = run(true, &ahead_steps);
+  EXPECT_EQ(plain_steps, 37);
+  EXPECT_EQ(ahead_steps, 37);
+  ASSERT_EQ(plain.size(), ahead.size());
+  EXPECT_EQ(0, std::memcmp(plain.data(), ahead.data(), plain.size() * sizeof(float))) << "bit-identical";
 }
