@@ -65,11 +65,21 @@ int launcher_local_rank() {
   return 0;
 }
 
+std::string devices_str(const std::vector<Device>& devices) {
+  if (devices.empty()) return "none";
+  if (devices.front().kind == DeviceKind::cpu) return "cpu:" + std::to_string(devices.size());
+  std::string s = "cuda:";
+  for (size_t i = 0; i < devices.size(); ++i) s += (i ? "," : "") + std::to_string(devices[i].index);
+  return s;
+}
+
 std::vector<Device> parse_devices(const std::string& spec) {
   std::vector<Device> out;
   if (spec == "auto") {
+    // Every visible GPU; without one, two CPU replicas on any machine (so a configuration gives
+    // the same numbers on every CPU machine; cpu:N asks for more).
     auto gpus = cuda_devices();
-    if (gpus.empty()) return {{DeviceKind::cpu, 0}};
+    if (gpus.empty()) return {{DeviceKind::cpu, 0}, {DeviceKind::cpu, 1}};
     for (auto& g : gpus) out.push_back(g.device);
     return out;
   }

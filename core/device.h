@@ -27,9 +27,11 @@ struct DeviceInfo {
 };
 
 // Parses a device list: "auto", "cpu", "cpu:N" (N virtual CPU devices), "cuda", "cuda:0,1",
-// "cuda:0-3". "auto" means every visible GPU, or 1 CPU device when there is none.
+// "cuda:0-3", "cuda:local". "auto" means every visible GPU, or 2 CPU devices when there is none.
 // Throws ConfigError naming the text on anything else, and when a GPU index is not visible.
 std::vector<Device> parse_devices(const std::string& spec);
+// The canonical spelling of a device list: "cpu:2", "cuda:0,1" (what "auto" resolved to).
+std::string devices_str(const std::vector<Device>& devices);
 
 // CPU: the host's physical memory and core count. Virtual CPU devices share it.
 DeviceInfo cpu_device_info(int index);

@@ -71,7 +71,7 @@ struct OptimConfig {
 };
 
 struct ParallelConfig {
-  std::string devices = "cpu:2";
+  std::string devices = "auto";  // every GPU, else 2 CPU replicas
   bool sync_bn = false;
   std::string grad_dtype = "fp32";  // all-reduce dtype: fp32 | fp16 | bf16
   double bucket_mb = 25;

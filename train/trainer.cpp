@@ -425,7 +425,8 @@ FitResult Trainer::fit() {
   }
   if (opts_.print) {
     std::printf("replica: %s on %s (%d replica%s, %s), %s\n", states_[0].model->summary().c_str(),
-                cfg_.parallel.devices.c_str(), R, R > 1 ? "s" : "", group_->replica(0).pool().describe().c_str(),
+                devices_str(parse_devices(cfg_.parallel.devices)).c_str(), R, R > 1 ? "s" : "",
+                group_->replica(0).pool().describe().c_str(),
                 train_->name().c_str());
     std::printf("replica: global batch %ld = micro-batch %ld x %d accumulation step%s x %d replica%s; %ld steps "
                 "(%ld per epoch); %s lr %.4g %s; %s\n",

@@ -26,8 +26,10 @@ TEST(Devices, AutoFallsBackToCpuWithoutGpu) {
   auto gpus = cuda_devices();
   auto d = parse_devices("auto");
   if (gpus.empty()) {
-    ASSERT_EQ(d.size(), 1u);
+    ASSERT_EQ(d.size(), 2u) << "the default configuration's two CPU replicas";
     EXPECT_EQ(d[0].kind, DeviceKind::cpu);
+    EXPECT_EQ(d[1].index, 1);
+    EXPECT_EQ(devices_str(d), "cpu:2");
     std::string why;
     cuda_devices(&why);
     EXPECT_FALSE(why.empty()) << "no GPU must come with a reason";

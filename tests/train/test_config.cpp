@@ -27,7 +27,7 @@ TEST(Config, BuiltInDefault) {
   auto c = load_config("");
   EXPECT_EQ(c.model.arch, "resnet20");
   EXPECT_EQ(c.data.dataset, "fashion-mnist");
-  EXPECT_EQ(c.parallel.devices, "cpu:2");
+  EXPECT_EQ(c.parallel.devices, "auto");
   EXPECT_EQ(c.train.global_batch, 128);
   EXPECT_DOUBLE_EQ(c.train.epochs, 3);
   EXPECT_EQ(c.optim.schedule, "cosine");
