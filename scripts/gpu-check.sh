@@ -60,6 +60,11 @@ phase gpu-pool-tests 60 "$tests/test_core_gpu"
 phase nccl-tests 60 "$tests/test_nccl"
 phase input-stager 30 "$tests/test_input_stager"
 phase conformance 150 "$tests/test_cuda_conformance"
+# The command line end to end on the GPU: a short fp16 run of the default model on synthetic
+# images (the GPU machine has no Fashion-MNIST), with evaluation, checkpoint and model file.
+phase replica-train-gpu 90 "$bin/replica" train --devices cuda --run-dir /tmp/replica-gpu-run \
+      --set data.dataset=synthetic --set "data.synthetic_shape=[28,28,1]" --set "data.mean=[0.5]" \
+      --set "data.std=[0.25]" --set data.synthetic_size=12800 --set train.max_steps=100 --set train.precision=fp16
 phase nccl-allreduce-bench 60 "$bin/replica" bench allreduce --devices cuda -b 8 -e 256M -f 4
 
 # ResNet-50, one GPU, batch 256: replica and PyTorch AMP channels_last side by side.
