@@ -198,6 +198,24 @@ __global__ void k_lars(float* p, const float* g, float* buf, int64_t n, float lr
 
 constexpr int kBnRows = 8;
 
+// Combines the kBnRows row lanes of a 32-channel block and adds channel c's two sums into
+// out1[c] and out2[c] (one double atomic each per block). Every thread of the block calls it.
+__device__ void add_channel_sums(double t1, double t2, int C, int c, double* out1, double* out2) {
+  __shared__ double s1[kBnRows][32], s2[kBnRows][32];
+  s1[threadIdx.y][threadIdx.x] = t1;
+  s2[threadIdx.y][threadIdx.x] = t2;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    double a = 0, b = 0;
+    for (int j = 0; j < kBnRows; ++j) {
+      a += s1[j][threadIdx.x];
+      b += s2[j][threadIdx.x];
+    }
+    atomicAdd(out1 + c, a);
+    atomicAdd(out2 + c, b);
+  }
+}
+
 __global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, double* acc) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   double t1 = 0, t2 = 0;
@@ -227,19 +245,7 @@ __global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, doubl
     t1 += p1;
     t2 += p2;
   }
-  __shared__ double s1[kBnRows][32], s2[kBnRows][32];
-  s1[threadIdx.y][threadIdx.x] = t1;
-  s2[threadIdx.y][threadIdx.x] = t2;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    double a = 0, b = 0;
-    for (int j = 0; j < kBnRows; ++j) {
-      a += s1[j][threadIdx.x];
-      b += s2[j][threadIdx.x];
-    }
-    atomicAdd(acc + c, a);
-    atomicAdd(acc + C + 1 + c, b);
-  }
+  add_channel_sums(t1, t2, C, c, acc, acc + C + 1);
 }
 
 // The gradient reaching batch norm: dy, or zero where a fused ReLU's output was not positive.
@@ -276,19 +282,7 @@ __global__ void k_bn_bwd_sums(DPtr dy, DPtr ry, DPtr x, int64_t M, int C, const 
     t1 += p1;
     t2 += p2;
   }
-  __shared__ double s1[kBnRows][32], s2[kBnRows][32];
-  s1[threadIdx.y][threadIdx.x] = t1;
-  s2[threadIdx.y][threadIdx.x] = t2;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    double a = 0, b = 0;
-    for (int j = 0; j < kBnRows; ++j) {
-      a += s1[j][threadIdx.x];
-      b += s2[j][threadIdx.x];
-    }
-    atomicAdd(acc + c, a);
-    atomicAdd(acc + C + c, b);
-  }
+  add_channel_sums(t1, t2, C, c, acc, acc + C);
 }
 
 dim3 bn_grid(int64_t M, int C) {
