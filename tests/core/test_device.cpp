@@ -49,7 +49,7 @@ TEST(Devices, HostInfo) {
   s->wait(*e);
 }
 
-TEST(Device, LauncherLocalRankFromTheEnvironment) {
+TEST(Devices, LauncherLocalRankFromTheEnvironment) {
   const char* vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"};
   for (const char* v : vars) unsetenv(v);
   EXPECT_EQ(launcher_local_rank(), 0) << "started plainly";
