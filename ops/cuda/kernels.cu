@@ -216,36 +216,48 @@ __device__ void add_channel_sums(double t1, double t2, int C, int c, double* out
   }
 }
 
-__global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, double* acc) {
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  double t1 = 0, t2 = 0;
-  if (c < C) {
-    const float k0 = shift ? shift[c] : 0.f;
-    const int64_t S = static_cast<int64_t>(gridDim.y) * kBnRows;
-    float p1 = 0.f, p2 = 0.f;
-    int k = 0;
-    // kUnroll rows a round with independent loads; 8 rounds (32 rows) per f32 partial.
-    for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += kUnroll * S) {
+// Channel c's two sums over the rows of [M, C] in this thread's share (rows strided over the
+// grid's y), kUnroll rows a round with independent loads, f32 partials folded into double every
+// 32 rows. term(i) gives element i's two addends.
+template <typename Term>
+__device__ __forceinline__ double2 channel_row_sums(int64_t M, int C, int c, Term term) {
+  double2 t = make_double2(0.0, 0.0);
+  const int64_t S = static_cast<int64_t>(gridDim.y) * kBnRows;
+  float p1 = 0.f, p2 = 0.f;
+  int k = 0;
+  for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += kUnroll * S) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t rr = r + u * S;
-        if (rr < M) {
-          const float d = ld(x.p, x.dt, rr * C + c) - k0;
-          p1 += d;
-          p2 += d * d;
-        }
-      }
-      if (++k == 32 / kUnroll) {
-        t1 += p1;
-        t2 += p2;
-        p1 = p2 = 0.f;
-        k = 0;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * S;
+      if (rr < M) {
+        const float2 v = term(rr * C + c);
+        p1 += v.x;
+        p2 += v.y;
       }
     }
-    t1 += p1;
-    t2 += p2;
+    if (++k == 32 / kUnroll) {
+      t.x += p1;
+      t.y += p2;
+      p1 = p2 = 0.f;
+      k = 0;
+    }
   }
-  add_channel_sums(t1, t2, C, c, acc, acc + C + 1);
+  t.x += p1;
+  t.y += p2;
+  return t;
+}
+
+__global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, double* acc) {
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  double2 t = make_double2(0.0, 0.0);
+  if (c < C) {
+    const float k0 = shift ? shift[c] : 0.f;
+    t = channel_row_sums(M, C, c, [&](int64_t i) {
+      const float d = ld(x.p, x.dt, i) - k0;
+      return make_float2(d, d * d);
+    });
+  }
+  add_channel_sums(t.x, t.y, C, c, acc, acc + C + 1);
 }
 
 // The gradient reaching batch norm: dy, or zero where a fused ReLU's output was not positive.
@@ -256,38 +268,20 @@ __device__ __forceinline__ float masked_dy(DPtr dy, DPtr ry, int64_t i) {
 __global__ void k_bn_bwd_sums(DPtr dy, DPtr ry, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
                               double* acc) {
   const int c = blockIdx.x * 32 + threadIdx.x;
-  double t1 = 0, t2 = 0;
+  double2 t = make_double2(0.0, 0.0);
   if (c < C) {
     const float mu = mean[c], inv = invstd[c];
-    const int64_t S = static_cast<int64_t>(gridDim.y) * kBnRows;
-    float p1 = 0.f, p2 = 0.f;
-    int k = 0;
-    for (int64_t r = blockIdx.y * kBnRows + threadIdx.y; r < M; r += kUnroll * S) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t rr = r + u * S;
-        if (rr < M) {
-          const float g = masked_dy(dy, ry, rr * C + c);
-          p1 += g;
-          p2 += g * (ld(x.p, x.dt, rr * C + c) - mu) * inv;
-        }
-      }
-      if (++k == 32 / kUnroll) {
-        t1 += p1;
-        t2 += p2;
-        p1 = p2 = 0.f;
-        k = 0;
-      }
-    }
-    t1 += p1;
-    t2 += p2;
+    t = channel_row_sums(M, C, c, [&](int64_t i) {
+      const float g = masked_dy(dy, ry, i);
+      return make_float2(g, g * (ld(x.p, x.dt, i) - mu) * inv);
+    });
   }
-  add_channel_sums(t1, t2, C, c, acc, acc + C);
+  add_channel_sums(t.x, t.y, C, c, acc, acc + C);
 }
 
 dim3 bn_grid(int64_t M, int C) {
   const int cx = (C + 31) / 32;
-  // Enough row blocks to fill the GPU (~4 waves of 132 SMs) without tiny per-thread chunks.
+  // About 1024 blocks of 256 threads (a full wave on 132 SMs) without tiny per-thread chunks.
   const int64_t want = std::max<int64_t>(1, 1024 / cx);
   const int64_t rows = std::clamp<int64_t>((M + kBnRows * 64 - 1) / (kBnRows * 64), 1, want);
   return dim3(cx, static_cast<unsigned>(rows));
