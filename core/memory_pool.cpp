@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/alloc_trace.h"
+#include "core/env.h"
 #include "core/errors.h"
 #include "core/lifetime_packing.h"
 
@@ -80,13 +81,11 @@ PoolOptions pool_options_from_env(PoolOptions o, const char* (*getenv_fn)(const 
     return getenv_fn ? getenv_fn(name) : std::getenv(name);
   };
   if (const char* v = get("REPLICA_PREALLOCATE")) {
-    std::string s = v;
-    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
-    if (s == "true" || s == "1" || s == "yes") o.mode = AllocatorMode::preallocate;
-    else if (s == "false" || s == "0" || s == "no") o.mode = AllocatorMode::growth;
-    else
+    const auto b = parse_bool_text(v);
+    if (!b)
       throw ConfigError("REPLICA_PREALLOCATE='" + std::string(v) +
                         "' is not a boolean; use true or false (false = grow on demand)");
+    o.mode = *b ? AllocatorMode::preallocate : AllocatorMode::growth;
     o.mode_source = "REPLICA_PREALLOCATE";
   }
   if (const char* v = get("REPLICA_ALLOCATOR")) {

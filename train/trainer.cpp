@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/alloc_trace.h"
+#include "core/env.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/pools.h"
@@ -53,11 +54,6 @@ std::string json_num(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.6g", v);
   return b;
-}
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
 }
 
 PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {

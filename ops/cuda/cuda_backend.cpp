@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "core/cuda/check.h"
+#include "core/env.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/stream.h"
@@ -61,16 +62,11 @@ cudaStream_t stream() {
   return s ? static_cast<cudaStream_t>(s->native()) : nullptr;
 }
 
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
-
 // TF32 for f32 convolutions and GEMMs (PyTorch's default for cuDNN convolutions) only when asked:
 // f32 runs are the ones compared against the CPU backend.
-bool allow_tf32() { return env_on("REPLICA_ALLOW_TF32"); }
+bool allow_tf32() { return env_flag("REPLICA_ALLOW_TF32"); }
 // Only algorithms that give bit-identical results run to run (no atomics in backward filter).
-bool deterministic() { return env_on("REPLICA_DETERMINISTIC"); }
+bool deterministic() { return env_flag("REPLICA_DETERMINISTIC"); }
 // "find" (default): time every algorithm once per shape, like cudnn.benchmark; "heuristic":
 // cuDNN's ranking without timing (instant, sometimes slower).
 bool use_find() {

@@ -1,9 +1,11 @@
 // Pool settings from REPLICA_PREALLOCATE / REPLICA_MEM_FRACTION / REPLICA_ALLOCATOR.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 
+#include "core/env.h"
 #include "core/errors.h"
 #include "core/memory_pool.h"
 
@@ -59,4 +61,26 @@ TEST(PoolEnv, InvalidValuesNameTheVariable) {
   }
   EXPECT_NE(error_of({{"REPLICA_MEM_FRACTION", "1.5"}}).find("(0, 1]"), std::string::npos);
   EXPECT_NE(error_of({{"REPLICA_ALLOCATOR", "x"}}).find("platform"), std::string::npos);
+}
+
+TEST(EnvFlag, OnOffAndMisspellingsNameTheVariable) {
+  const char* name = "REPLICA_TEST_FLAG";
+  unsetenv(name);
+  EXPECT_FALSE(env_flag(name)) << "unset is off";
+  for (const char* on : {"1", "true", "YES", "on"}) {
+    setenv(name, on, 1);
+    EXPECT_TRUE(env_flag(name)) << on;
+  }
+  for (const char* off : {"", "0", "False", "no", "off"}) {
+    setenv(name, off, 1);
+    EXPECT_FALSE(env_flag(name)) << off;
+  }
+  setenv(name, "flase", 1);
+  try {
+    env_flag(name);
+    ADD_FAILURE() << "a misspelt value was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("REPLICA_TEST_FLAG='flase'"), std::string::npos) << e.what();
+  }
+  unsetenv(name);
 }
