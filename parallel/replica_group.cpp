@@ -24,15 +24,13 @@ void Replica::reduce(float* data, size_t n, ReduceOp op) {
 
 std::vector<float> Replica::all_gather(const float* data, size_t n) {
   std::vector<float> out(n * static_cast<size_t>(world()));
-  if (!comm_->device_buffers()) {
-    comm_->all_gather(data, out.data(), n, DType::f32);
-  } else if (cuda::is_device_pointer(data)) {
+  if (comm_->device_buffers() && cuda::is_device_pointer(data)) {  // device in, host out
     Tensor r = Tensor::empty(*pool_, {static_cast<int64_t>(out.size())}, DType::f32, MemTag::other);
     comm_->all_gather(data, r.raw(), n, DType::f32);
     const std::string b = tensor_to_bytes(r);
     std::memcpy(out.data(), b.data(), b.size());
   } else {
-    all_gather_host(*comm_, pool_.get(), data, out.data(), n);
+    all_gather_host(*comm_, pool_.get(), data, out.data(), n);  // passes through without device buffers
   }
   return out;
 }

@@ -216,7 +216,6 @@ std::string Trainer::checkpoint_dir() const {
 }
 
 namespace {
-std::string tensor_bytes(const Tensor& t) { return tensor_to_bytes(t); }
 void bytes_into(const std::string& b, const Tensor& t, const std::string& what) {
   if (b.size() != t.nbytes())
     throw IoError("checkpoint section '" + what + "' holds " + std::to_string(b.size()) + " bytes, the model needs " +
@@ -246,13 +245,13 @@ std::string Trainer::save_checkpoint(parallel::Replica& rep, int64_t global_step
                 {"optimizer", st.opt->name()},
                 {"optimizer_steps", std::to_string(st.opt->steps())},
                 {"seed", std::to_string(cfg_.train.seed)}});
-    c.sections["params"] = tensor_bytes(st.model->params());
+    c.sections["params"] = tensor_to_bytes(st.model->params());
     const size_t nb = static_cast<size_t>(mine.numel());
     for (int r = 0; r < replicas(); ++r)
       c.sections["buffers." + std::to_string(r)] =
           std::string(reinterpret_cast<const char*>(all_buffers.data() + r * nb), nb * sizeof(float));
     std::string opt;
-    for (Tensor* t : st.opt->state()) opt += tensor_bytes(*t);
+    for (Tensor* t : st.opt->state()) opt += tensor_to_bytes(*t);
     c.sections["optimizer"] = opt;
     if (st.scaler) {
       auto ss = st.scaler->state();
@@ -420,8 +419,10 @@ FitResult Trainer::fit() {
     if (cfg_.train.tensorboard) tb = std::make_unique<TensorBoardWriter>(run_dir);
   }
   if (opts_.print) {
+    std::vector<Device> local;  // what parallel.devices (e.g. auto) resolved to in this process
+    for (int i = 0; i < group_->size(); ++i) local.push_back(group_->replica(i).device());
     std::printf("replica: %s on %s (%d replica%s, %s), %s\n", states_[0].model->summary().c_str(),
-                devices_str(parse_devices(cfg_.parallel.devices)).c_str(), R, R > 1 ? "s" : "",
+                devices_str(local).c_str(), R, R > 1 ? "s" : "",
                 group_->replica(0).pool().describe().c_str(),
                 train_->name().c_str());
     std::printf("replica: global batch %ld = micro-batch %ld x %d accumulation step%s x %d replica%s; %ld steps "

@@ -140,6 +140,7 @@ struct ThreadState {
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   void* host = nullptr;  // 4 KiB pinned
+  cudaStream_t bound = nullptr;  // the stream the handles work on (new handles: the default one)
   ~ThreadState() {
     plans.clear();
     if (cudnn) cudnnDestroy(cudnn);
@@ -173,8 +174,12 @@ ThreadState& state() {
     REPLICA_CUBLAS_CHECK(cublasCreate(&st->cublas));
     REPLICA_CUDA_CHECK(cudaMallocHost(&st->host, 4096));
   }
-  REPLICA_CUDNN_CHECK(cudnnSetStream(st->cudnn, stream()));
-  REPLICA_CUBLAS_CHECK(cublasSetStream(st->cublas, stream()));
+  // Handles start on the default stream; rebinding happens once per stream change, not per op.
+  if (cudaStream_t s = stream(); s != st->bound) {
+    REPLICA_CUDNN_CHECK(cudnnSetStream(st->cudnn, s));
+    REPLICA_CUBLAS_CHECK(cublasSetStream(st->cublas, s));
+    st->bound = s;
+  }
   return *st;
 }
 

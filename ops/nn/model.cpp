@@ -46,9 +46,10 @@ Shape Model::output_shape(int64_t batch) const {
 void Model::materialize(MemoryPool& pool, uint64_t seed, DType compute) {
   if (compute != DType::f32 && compute != DType::f16 && compute != DType::bf16)
     throw ConfigError(name_ + ": compute dtype must be f32, f16 or bf16");
-  params_ = Tensor::zeros(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::params);
+  // params and buffers are written whole from the host below; only the gradients start zeroed.
+  params_ = Tensor::empty(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::params);
   grads_ = Tensor::zeros(pool, {std::max<int64_t>(num_params_, 1)}, DType::f32, MemTag::grads);
-  buffers_ = Tensor::zeros(pool, {std::max<int64_t>(num_buffers_, 1)}, DType::f32, MemTag::params);
+  buffers_ = Tensor::empty(pool, {std::max<int64_t>(num_buffers_, 1)}, DType::f32, MemTag::params);
   // Initialised on the host (the same numbers on every device kind) and copied in once.
   std::vector<float> host_params(static_cast<size_t>(params_.numel()), 0.f);
   std::vector<float> host_buffers(static_cast<size_t>(buffers_.numel()), 0.f);

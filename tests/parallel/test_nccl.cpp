@@ -9,9 +9,16 @@
 using namespace replica;
 using namespace replica::parallel;
 
-TEST(Nccl, CollectivesOnDeviceBuffers) {
-  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device present";
-  if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+// Every test needs a GPU and NCCL, and skips cleanly without them.
+class Nccl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device present";
+    if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  }
+};
+
+TEST_F(Nccl, CollectivesOnDeviceBuffers) {
   GroupOptions o;
   o.cuda_pool.mode = AllocatorMode::growth;
   o.cuda_pool.bytes = size_t(256) << 20;
@@ -73,9 +80,7 @@ GroupOptions small_pools() {
 
 // The host communicator's dtype and layout assertions, on NCCL: f16/bf16 sums (small integers,
 // exact in 16 bits), all-gather and reduce-scatter contents, odd sizes.
-TEST(Nccl, SixteenBitReductionsAndGatherScatterContents) {
-  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device present";
-  if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+TEST_F(Nccl, SixteenBitReductionsAndGatherScatterContents) {
   ReplicaGroup group(parse_devices("cuda"), small_pools());
   const int world = group.world();
   group.run([&](Replica& rep) {
@@ -107,9 +112,7 @@ TEST(Nccl, SixteenBitReductionsAndGatherScatterContents) {
 
 // What the trainer does with host numbers on GPU replicas (losses, stop votes, checkpoints):
 // psum and all_gather on host memory stage through the device; on device memory they do not.
-TEST(Nccl, ReplicaHelpersTakeHostAndDevicePointers) {
-  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device present";
-  if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+TEST_F(Nccl, ReplicaHelpersTakeHostAndDevicePointers) {
   ReplicaGroup group(parse_devices("cuda"), small_pools());
   const int world = group.world();
   group.run([&](Replica& rep) {
@@ -133,9 +136,7 @@ TEST(Nccl, ReplicaHelpersTakeHostAndDevicePointers) {
 // Failures: an aborted communicator refuses further collectives with an error naming the rank;
 // with two or more GPUs, a rank that never joins a collective makes the others time out (and
 // abort) instead of hanging.
-TEST(Nccl, AbortAndTimeOutNameTheRank) {
-  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device present";
-  if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+TEST_F(Nccl, AbortAndTimeOutNameTheRank) {
   {
     ReplicaGroup group(parse_devices("cuda"), small_pools());
     group.run([&](Replica& rep) {
