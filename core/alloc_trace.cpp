@@ -1,8 +1,5 @@
-// AllocTrace: recording, CSV round trip, Chrome-trace counters; and the atomic file writer.
+// AllocTrace: recording, CSV round trip, Chrome-trace counters.
 #include "core/alloc_trace.h"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -11,6 +8,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "core/file_io.h"
 
 namespace replica {
 
@@ -95,37 +93,6 @@ void AllocTrace::write_chrome_json(const std::string& path, int pid) const {
   }
   os << "\n],\"displayTimeUnit\":\"ms\"}\n";
   write_file_atomic(path, os.str());
-}
-
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  auto slash = path.find_last_of('/');
-  std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw IoError(path + ": cannot create '" + tmp + "' (does the directory exist and is it writable?)");
-  size_t off = 0;
-  while (off < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + off, contents.size() - off);
-    if (n <= 0) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw IoError(path + ": write failed (disk full?)");
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw IoError(path + ": fsync/close failed");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw IoError(path + ": rename from '" + tmp + "' failed");
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 }  // namespace replica

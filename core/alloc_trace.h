@@ -34,7 +34,4 @@ class AllocTrace {
   std::vector<AllocEvent> events_;
 };
 
-// Writes `contents` to `path` atomically: a temporary file in the same directory, fsync, rename.
-void write_file_atomic(const std::string& path, const std::string& contents);
-
 }  // namespace replica

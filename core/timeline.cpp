@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "core/alloc_trace.h"
+#include "core/file_io.h"
 
 namespace replica {
 

@@ -7,9 +7,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/alloc_trace.h"
+#include "core/byte_reader.h"
 #include "core/checksum.h"
 #include "core/errors.h"
+#include "core/file_io.h"
 
 namespace replica::train {
 
@@ -42,6 +43,21 @@ std::string Checkpoint::meta_value(const std::string& key) const {
   return it->second;
 }
 
+int64_t Checkpoint::meta_int(const std::string& key, int64_t lo, int64_t hi) const {
+  const std::string v = meta_value(key);
+  int64_t x = 0;
+  size_t used = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || x < lo || x > hi)
+    throw IoError("checkpoint: section 'meta': " + key + " = '" + v + "' is not a whole number in [" +
+                  std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
 void Checkpoint::set_meta(const std::map<std::string, std::string>& kv) {
   std::string s;
   for (auto& [k, v] : kv) s += k + "=" + v + "\n";
@@ -63,48 +79,47 @@ void write_checkpoint(const Checkpoint& c, const std::string& path) {
   write_file_atomic(path, out);
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(path + ": cannot open the checkpoint");
-  std::string data((std::istreambuf_iterator<char>(in)), {});
-  size_t off = 0;
-  auto need = [&](size_t n, const std::string& what) {
-    if (off + n > data.size())
-      throw IoError(path + ": truncated in " + what + " (file has " + std::to_string(data.size()) + " bytes)");
-  };
-  need(16, "the header");
-  if (std::memcmp(data.data(), kMagic, 8) != 0) throw IoError(path + ": not a replica checkpoint (bad magic)");
-  uint32_t version, count;
-  std::memcpy(&version, data.data() + 8, 4);
-  std::memcpy(&count, data.data() + 12, 4);
-  if (version != kCheckpointVersion)
-    throw IoError(path + ": format version " + std::to_string(version) + ", this replica reads version " +
-                  std::to_string(kCheckpointVersion));
-  off = 16;
+Checkpoint parse_checkpoint(std::string_view bytes, const std::string& source) {
+  ByteReader in(bytes, source);
+  if (in.size() < 8 || std::memcmp(bytes.data(), kMagic, 8) != 0) {
+    if (in.size() < 8) in.need(16, "the header");
+    throw IoError(source + ": not a replica checkpoint (bad magic)");
+  }
+  in.take(8, "the magic");
+  const uint32_t version = in.get<uint32_t>("the header");
+  const uint32_t count = in.get<uint32_t>("the header");
+  if (version != kCheckpointVersion && version != 1)
+    throw IoError(source + ": format version " + std::to_string(version) + ", this replica reads versions 1 and " +
+                  std::to_string(kCheckpointVersion) + " (written by a newer replica?)");
+  // Version 1 files were checksummed with the legacy FNV basis (core/checksum.h).
+  const uint64_t basis = version == 1 ? kFnv1aLegacyBasis : kFnv1aBasis;
+  // Each section takes at least 20 header bytes: a count beyond that is a lie, not a big file.
+  if (count > in.remaining() / 20)
+    throw IoError(source + ": the header promises " + std::to_string(count) + " sections but only " +
+                  std::to_string(in.remaining()) + " bytes follow (truncated or damaged)");
   Checkpoint c;
   for (uint32_t i = 0; i < count; ++i) {
-    need(4, "section " + std::to_string(i) + "'s name");
-    uint32_t nlen;
-    std::memcpy(&nlen, data.data() + off, 4);
-    off += 4;
-    need(nlen + 16, "section " + std::to_string(i) + "'s header");
-    std::string name = data.substr(off, nlen);
-    off += nlen;
-    uint64_t size, sum;
-    std::memcpy(&size, data.data() + off, 8);
-    std::memcpy(&sum, data.data() + off + 8, 8);
-    off += 16;
-    need(size, "section '" + name + "'");
-    if (fnv1a(data.data() + off, size) != sum)
-      throw IoError(path + ": section '" + name + "' is corrupt (checksum mismatch)");
-    c.sections[name] = data.substr(off, size);
-    off += size;
+    const std::string which = "section " + std::to_string(i);
+    const uint32_t nlen = in.get<uint32_t>(which + "'s name length");
+    if (nlen == 0 || nlen > 256)
+      throw IoError(source + ": " + which + " has a name of " + std::to_string(nlen) + " bytes (damaged header)");
+    std::string name(in.take(nlen, which + "'s name"));
+    const uint64_t size = in.get<uint64_t>(which + " ('" + name + "')'s size");
+    const uint64_t sum = in.get<uint64_t>(which + " ('" + name + "')'s checksum");
+    const std::string_view payload = in.take(size, "section '" + name + "'");
+    if (fnv1a(payload.data(), payload.size(), basis) != sum)
+      throw IoError(source + ": section '" + name + "' is corrupt (checksum mismatch)");
+    if (!c.sections.emplace(name, std::string(payload)).second)
+      throw IoError(source + ": section '" + name + "' appears twice (damaged file)");
   }
-  if (off != data.size()) throw IoError(path + ": " + std::to_string(data.size() - off) + " unexpected bytes after the last section");
+  if (in.remaining())
+    throw IoError(source + ": " + std::to_string(in.remaining()) + " unexpected bytes after the last section");
   for (const char* s : {"meta", "params", "config"})
-    if (!c.sections.count(s)) throw IoError(path + ": section '" + std::string(s) + "' is missing");
+    if (!c.sections.count(s)) throw IoError(source + ": section '" + std::string(s) + "' is missing");
   return c;
 }
+
+Checkpoint read_checkpoint(const std::string& path) { return parse_checkpoint(read_file(path, "checkpoint"), path); }
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {
   char name[64];

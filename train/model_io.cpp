@@ -2,12 +2,11 @@
 #include "train/model_io.h"
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
-#include "core/alloc_trace.h"
+#include "core/byte_reader.h"
 #include "core/checksum.h"
 #include "core/errors.h"
+#include "core/file_io.h"
 
 namespace replica::train {
 
@@ -18,8 +17,13 @@ void put(std::string& s, const T& v) {
 }
 }  // namespace
 
+namespace {
+constexpr char kMagicV1[] = "RPLM0001";  // legacy FNV basis (core/checksum.h)
+constexpr char kMagicV2[] = "RPLM0002";
+}  // namespace
+
 void save_model(const nn::Model& model, const Tensor& params, const Tensor& buffers, const std::string& path) {
-  std::string s = "RPLM0001";
+  std::string s = kMagicV2;
   put<uint32_t>(s, static_cast<uint32_t>(model.name().size()));
   s += model.name();
   put<int64_t>(s, model.num_params());
@@ -30,36 +34,44 @@ void save_model(const nn::Model& model, const Tensor& params, const Tensor& buff
   write_file_atomic(path, s);
 }
 
-void load_model(nn::Model& model, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(path + ": cannot open the model file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
-  if (s.size() < 8 + 4 + 16 + 8 || s.compare(0, 8, "RPLM0001") != 0)
-    throw IoError(path + ": not a replica model file (bad magic or too short)");
+ModelFile parse_model_file(std::string_view bytes, const std::string& source) {
+  ByteReader in(bytes, source);
+  if (bytes.size() < 8 + 4 + 16 + 8 || (bytes.substr(0, 8) != kMagicV1 && bytes.substr(0, 8) != kMagicV2))
+    throw IoError(source + ": not a replica model file (bad magic or too short)");
+  const uint64_t basis = bytes.substr(0, 8) == kMagicV1 ? kFnv1aLegacyBasis : kFnv1aBasis;
   uint64_t want;
-  std::memcpy(&want, s.data() + s.size() - 8, 8);
-  if (fnv1a(s.data(), s.size() - 8) != want)  // no copy of the file
-    throw IoError(path + ": checksum mismatch: the file is corrupt or truncated");
-  size_t off = 8;
-  uint32_t nlen;
-  std::memcpy(&nlen, s.data() + off, 4);
-  off += 4;
-  std::string name = s.substr(off, nlen);
-  off += nlen;
-  if (name != model.name())
-    throw IoError(path + ": holds a " + name + " but the configuration builds a " + model.name());
-  int64_t np, nb;
-  std::memcpy(&np, s.data() + off, 8);
-  std::memcpy(&nb, s.data() + off + 8, 8);
-  off += 16;
-  if (np != model.num_params() || nb != model.num_buffers())
-    throw IoError(path + ": parameter count " + std::to_string(np) + " does not match the model's " +
+  std::memcpy(&want, bytes.data() + bytes.size() - 8, 8);
+  if (fnv1a(bytes.data(), bytes.size() - 8, basis) != want)
+    throw IoError(source + ": checksum mismatch: the file is corrupt or truncated");
+  // The checksum proves the bytes are the writer's, not that the header is consistent: every
+  // count is still checked against the bytes that are there.
+  ByteReader body(bytes.substr(0, bytes.size() - 8), source);
+  body.take(8, "the magic");
+  ModelFile m;
+  const uint32_t nlen = body.get<uint32_t>("the architecture name's length");
+  if (nlen > 256) throw IoError(source + ": architecture name of " + std::to_string(nlen) + " bytes (damaged header)");
+  m.arch = std::string(body.take(nlen, "the architecture name"));
+  m.num_params = body.get<int64_t>("the parameter count");
+  m.num_buffers = body.get<int64_t>("the buffer count");
+  if (m.num_params < 0 || m.num_buffers < 0)
+    throw IoError(source + ": negative parameter or buffer count (damaged header)");
+  m.params = body.take_array(static_cast<uint64_t>(m.num_params), 4, "the parameters");
+  m.buffers = body.take_array(static_cast<uint64_t>(m.num_buffers), 4, "the batch-norm buffers");
+  if (body.remaining())
+    throw IoError(source + ": " + std::to_string(body.remaining()) + " bytes more than the header promises");
+  return m;
+}
+
+void load_model(nn::Model& model, const std::string& path) {
+  const std::string s = read_file(path, "model file");
+  const ModelFile m = parse_model_file(s, path);
+  if (m.arch != model.name())
+    throw IoError(path + ": holds a " + m.arch + " but the configuration builds a " + model.name());
+  if (m.num_params != model.num_params() || m.num_buffers != model.num_buffers())
+    throw IoError(path + ": parameter count " + std::to_string(m.num_params) + " does not match the model's " +
                   std::to_string(model.num_params()) + " (another width or number of classes?)");
-  tensor_from_bytes(model.params().view(0, {np}), s.data() + off, static_cast<size_t>(np) * 4);
-  off += static_cast<size_t>(np) * 4;
-  tensor_from_bytes(model.buffers().view(0, {nb}), s.data() + off, static_cast<size_t>(nb) * 4);
+  tensor_from_bytes(model.params().view(0, {m.num_params}), m.params.data(), m.params.size());
+  tensor_from_bytes(model.buffers().view(0, {m.num_buffers}), m.buffers.data(), m.buffers.size());
   model.refresh_compute_copy();
 }
 

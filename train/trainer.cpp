@@ -16,6 +16,7 @@
 #include "core/alloc_trace.h"
 #include "core/env.h"
 #include "core/errors.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "core/pools.h"
 #include "ops/cpu/threads.h"
@@ -215,14 +216,6 @@ std::string Trainer::checkpoint_dir() const {
   return cfg_.checkpoint.dir.empty() ? cfg_.train.run_dir + "/checkpoints" : cfg_.checkpoint.dir;
 }
 
-namespace {
-void bytes_into(const std::string& b, const Tensor& t, const std::string& what) {
-  if (b.size() != t.nbytes())
-    throw IoError("checkpoint section '" + what + "' holds " + std::to_string(b.size()) + " bytes, the model needs " +
-                  std::to_string(t.nbytes()) + " (another model or width?)");
-  tensor_from_bytes(t, b.data(), b.size());
-}
-}  // namespace
 
 std::string Trainer::save_checkpoint(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch) {
   // Every replica's batch-norm statistics, gathered to all (they live in other processes under MPI).
@@ -265,6 +258,74 @@ std::string Trainer::save_checkpoint(parallel::Replica& rep, int64_t global_step
   return path;
 }
 
+namespace {
+// What a resume needs from a checkpoint, checked whole before anything is applied: a checkpoint
+// that fails any check is skipped (with the reason), never half-loaded.
+struct ResumePoint {
+  int64_t global_step = 0, epoch = 0, step_in_epoch = 0, optimizer_steps = 0, global_batch = 0;
+  int world = 0;
+};
+
+ResumePoint check_resume_point(const Checkpoint& ck, const std::string& file, nn::Model& model,
+                               optim::Optimizer& opt, const optim::DynamicLossScaler* scaler, int64_t steps_per_epoch) {
+  constexpr int64_t kBig = int64_t(1) << 53;
+  ResumePoint p;
+  auto in = [&](const std::string& what) { return file + ": " + what; };
+  try {
+    const int64_t num_params = ck.meta_int("num_params", 0, kBig);
+    if (ck.meta_value("arch") != model.name() || num_params != model.num_params())
+      throw IoError("section 'meta': holds a " + ck.meta_value("arch") + " with " + std::to_string(num_params) +
+                    " parameters but the configuration builds a " + model.name() + " with " +
+                    std::to_string(model.num_params()));
+    p.global_step = ck.meta_int("global_step", 0, kBig);
+    p.epoch = ck.meta_int("epoch", 0, kBig);
+    p.step_in_epoch = ck.meta_int("step_in_epoch", 0, std::max<int64_t>(0, steps_per_epoch - 1));
+    p.optimizer_steps = ck.meta_int("optimizer_steps", 0, p.global_step);
+    p.global_batch = ck.meta_int("global_batch", 1, kBig);
+    p.world = static_cast<int>(ck.meta_int("world", 1, 1 << 20));
+  } catch (const IoError& e) {
+    std::string m = e.what();
+    if (m.rfind("checkpoint: ", 0) == 0) m = m.substr(12);
+    throw IoError(in(m));
+  }
+  const size_t pbytes = model.params().nbytes(), bbytes = model.buffers().nbytes();
+  if (ck.sections.at("params").size() != pbytes)
+    throw IoError(in("section 'params' holds " + std::to_string(ck.sections.at("params").size()) +
+                     " bytes, the model needs " + std::to_string(pbytes) + " (another model or width?)"));
+  for (int r = 0; r < p.world; ++r) {
+    const std::string name = "buffers." + std::to_string(r);
+    auto it = ck.sections.find(name);
+    if (it == ck.sections.end())
+      throw IoError(in("section '" + name + "' is missing (the checkpoint ran on " + std::to_string(p.world) +
+                       " replicas)"));
+    if (it->second.size() != bbytes)
+      throw IoError(in("section '" + name + "' holds " + std::to_string(it->second.size()) + " bytes, the model needs " +
+                       std::to_string(bbytes)));
+  }
+  size_t need = 0;
+  for (Tensor* t : opt.state()) need += t->nbytes();
+  auto o = ck.sections.find("optimizer");
+  const size_t have = o == ck.sections.end() ? 0 : o->second.size();
+  if (ck.meta_value("optimizer") != opt.name() || have != need)
+    throw ConfigError("--resume " + file + ": the checkpoint's optimizer is " + ck.meta_value("optimizer") + " (" +
+                      std::to_string(have) + " bytes of state), the configuration's " + opt.name() + " (" +
+                      std::to_string(need) + "); keep optim.name to resume");
+  if (scaler) {
+    auto sc = ck.sections.find("scaler");
+    if (sc != ck.sections.end()) {
+      optim::DynamicLossScaler::State ss;
+      if (sc->second.size() != sizeof ss)
+        throw IoError(in("section 'scaler' holds " + std::to_string(sc->second.size()) + " bytes, expected " +
+                         std::to_string(sizeof ss)));
+      std::memcpy(&ss, sc->second.data(), sizeof ss);
+      if (!std::isfinite(ss.scale) || ss.scale <= 0 || ss.good < 0 || ss.skipped < 0)
+        throw IoError(in("section 'scaler' holds an impossible state (scale " + std::to_string(ss.scale) + ")"));
+    }
+  }
+  return p;
+}
+}  // namespace
+
 void Trainer::load_resume_point() {
   std::vector<std::string> candidates;
   const std::string& where = opts_.resume;
@@ -277,15 +338,13 @@ void Trainer::load_resume_point() {
   if (candidates.empty())
     throw ConfigError("--resume " + where + ": no checkpoints (step-*.ckpt) in " + where + "/checkpoints");
   Checkpoint ck;
+  ResumePoint at;
   std::string used, reasons;
   for (auto& c : candidates) {
     try {
       ck = read_checkpoint(c);
-      if (ck.meta_value("arch") != states_[0].model->name() ||
-          std::stoll(ck.meta_value("num_params")) != states_[0].model->num_params())
-        throw IoError(c + ": section 'meta': holds a " + ck.meta_value("arch") + " with " + ck.meta_value("num_params") +
-                      " parameters but the configuration builds a " + states_[0].model->name() + " with " +
-                      std::to_string(states_[0].model->num_params()));
+      at = check_resume_point(ck, c, *states_[0].model, *states_[0].opt, states_[0].scaler.get(),
+                              sharding_->steps_per_epoch());
       used = c;
       break;
     } catch (const IoError& e) {
@@ -294,54 +353,45 @@ void Trainer::load_resume_point() {
     }
   }
   if (used.empty()) throw IoError("--resume " + where + ": no valid checkpoint:" + reasons);
-  if (std::stoll(ck.meta_value("global_batch")) != cfg_.train.global_batch)
-    throw ConfigError("--resume: the checkpoint was trained with global batch " + ck.meta_value("global_batch") +
+  if (at.global_batch != cfg_.train.global_batch)
+    throw ConfigError("--resume: the checkpoint was trained with global batch " + std::to_string(at.global_batch) +
                       " but the configuration says " + std::to_string(cfg_.train.global_batch) +
                       "; keep train.global_batch (the data position and the schedule depend on it)");
-  const int old_world = std::stoi(ck.meta_value("world"));
+  const int old_world = at.world;
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.local_index()];
-    bytes_into(ck.sections.at("params"), st.model->params(), "params");
+    tensor_from_bytes(st.model->params(), ck.sections.at("params").data(), st.model->params().nbytes());
     Tensor& b = st.model->buffers();
-    if (old_world == replicas() && ck.sections.count("buffers." + std::to_string(rep.rank()))) {
-      bytes_into(ck.sections.at("buffers." + std::to_string(rep.rank())), b, "buffers");
+    if (old_world == replicas()) {
+      const std::string& mine = ck.sections.at("buffers." + std::to_string(rep.rank()));
+      tensor_from_bytes(b, mine.data(), mine.size());
     } else {  // another replica count: every replica starts from the average statistics
       std::vector<double> acc(static_cast<size_t>(b.numel()), 0.0);
-      int n = 0;
-      for (auto& [name, bytes] : ck.sections)
-        if (name.rfind("buffers.", 0) == 0) {
-          if (bytes.size() != b.nbytes()) bytes_into(bytes, b, name);  // throws, naming the section
-          std::vector<float> f(acc.size());
-          std::memcpy(f.data(), bytes.data(), bytes.size());
-          for (size_t i = 0; i < acc.size(); ++i) acc[i] += f[i];
-          n++;
-        }
-      std::vector<float> mean(acc.size());
-      for (size_t i = 0; i < acc.size(); ++i) mean[i] = static_cast<float>(acc[i] / std::max(n, 1));
-      tensor_from_bytes(b, mean.data(), mean.size() * sizeof(float));
+      std::vector<float> f(acc.size());
+      for (int r = 0; r < old_world; ++r) {
+        std::memcpy(f.data(), ck.sections.at("buffers." + std::to_string(r)).data(), f.size() * sizeof(float));
+        for (size_t i = 0; i < acc.size(); ++i) acc[i] += f[i];
+      }
+      for (size_t i = 0; i < acc.size(); ++i) f[i] = static_cast<float>(acc[i] / old_world);
+      tensor_from_bytes(b, f.data(), f.size() * sizeof(float));
     }
     st.model->refresh_compute_copy();
-    const std::string& opt = ck.sections.count("optimizer") ? ck.sections.at("optimizer") : std::string();
-    size_t need = 0;
-    for (Tensor* t : st.opt->state()) need += t->nbytes();
-    if (ck.meta_value("optimizer") != st.opt->name() || opt.size() != need)
-      throw ConfigError("--resume: the checkpoint's optimizer is " + ck.meta_value("optimizer") + ", the configuration's " +
-                        st.opt->name() + "; keep optim.name to resume");
+    const std::string& opt = ck.sections.at("optimizer");
     size_t off = 0;
     for (Tensor* t : st.opt->state()) {
       tensor_from_bytes(*t, opt.data() + off, t->nbytes());
       off += t->nbytes();
     }
-    st.opt->set_steps(std::stoll(ck.meta_value("optimizer_steps")));
+    st.opt->set_steps(at.optimizer_steps);
     if (st.scaler && ck.sections.count("scaler")) {
       optim::DynamicLossScaler::State ss;
       std::memcpy(&ss, ck.sections.at("scaler").data(), sizeof ss);
       st.scaler->restore(ss);
     }
   });
-  start_global_step_ = std::stoll(ck.meta_value("global_step"));
-  start_epoch_ = std::stoll(ck.meta_value("epoch"));
-  start_step_in_epoch_ = std::stoll(ck.meta_value("step_in_epoch"));
+  start_global_step_ = at.global_step;
+  start_epoch_ = at.epoch;
+  start_step_in_epoch_ = at.step_in_epoch;
   resumed_from_ = used;
   if (opts_.print) {
     std::printf("replica: resumed from %s at step %ld (epoch %ld, step %ld of it)\n", used.c_str(),
@@ -367,11 +417,33 @@ void Trainer::log_line(const std::string& json) {
   out << json << '\n';
 }
 
+namespace {
+// Runs fn() with this replica's batch-norm running statistics replaced by their average over the
+// replicas (each saw its own shard; evaluation and the model file use the average, the same on
+// every replica), then puts the replica's own statistics back: evaluating or saving never
+// changes the training state, so a resumed run and a straight one stay byte-identical.
+template <class F>
+auto with_averaged_statistics(parallel::Replica& rep, nn::Model& model, F&& fn) {
+  Tensor& b = model.buffers();
+  if (rep.world() == 1) return fn();
+  const std::string own = tensor_to_bytes(b);
+  rep.pmean(b.data<float>(), static_cast<size_t>(b.numel()));
+  struct Restore {
+    const Tensor& b;
+    const std::string& own;
+    ~Restore() { tensor_from_bytes(b, own.data(), own.size()); }
+  } restore{b, own};
+  return fn();
+}
+}  // namespace
+
 EvalResult Trainer::evaluate_on(parallel::Replica& rep) {
   auto& st = states_[rep.local_index()];
-  // Batch-norm running statistics differ per replica (each saw its own shard): evaluate with
-  // their average, the same on every replica.
-  if (rep.world() > 1) rep.pmean(st.model->buffers().data<float>(), static_cast<size_t>(st.model->buffers().numel()));
+  return with_averaged_statistics(rep, *st.model, [&] { return evaluate_averaged(rep); });
+}
+
+EvalResult Trainer::evaluate_averaged(parallel::Replica& rep) {
+  auto& st = states_[rep.local_index()];
   const int R = rep.world();
   const int64_t eb = cfg_.train.eval_batch, N = test_->size();
   const Shape s = test_->sample_shape();
@@ -600,14 +672,14 @@ FitResult Trainer::fit() {
       auto path = save_checkpoint(rep, global_step, e, sie);
       if (lead) result.last_checkpoint = path;
     }
-    if (!cfg_.train.eval && rep.world() > 1)
-      rep.pmean(st.model->buffers().data<float>(), static_cast<size_t>(st.model->buffers().numel()));
     if (lead) {
       result.steps = global_step;
       result.skipped = st.scaler ? st.scaler->skipped() : 0;
       if (!result.history.empty()) result.last_loss = result.history.back().loss;
-      save_model(*st.model, st.model->params(), st.model->buffers(), run_dir + "/model.bin");
     }
+    with_averaged_statistics(rep, *st.model, [&] {
+      if (lead) save_model(*st.model, st.model->params(), st.model->buffers(), run_dir + "/model.bin");
+    });
   });
   } catch (const parallel::ReplicaError& e) {
     std::string msg = e.what();

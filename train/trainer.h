@@ -77,7 +77,9 @@ class Trainer {
     std::unique_ptr<InputStager> inputs;  // batches to the device ahead of use (copy stream)
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
+  // Evaluation on the replicas' averaged statistics; the training state is left as it was.
   EvalResult evaluate_on(parallel::Replica& rep);
+  EvalResult evaluate_averaged(parallel::Replica& rep);  // with the statistics already averaged
   void log_line(const std::string& json);
   // Called on every replica at the same step; rank 0 writes. Returns the path.
   std::string save_checkpoint(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch);

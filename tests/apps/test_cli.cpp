@@ -91,9 +91,19 @@ TEST(Cli, TrainsAndTheLossFallsThenEvaluates) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/config.yaml"));
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.bin"));
 
+  // The saved model, loaded by another process on another replica count, scores what the run
+  // reported for its last evaluation: the same accuracy (a count of 1000 images) and loss.
   auto e = run("eval --devices cpu:1 --set model.width=8 --set data.limit_test=1000 --model " + dir + "/model.bin");
   ASSERT_EQ(e.code, 0) << e.out;
-  EXPECT_NE(e.out.find("accuracy"), std::string::npos) << e.out;
+  std::regex eval_re("test loss ([0-9.]+) accuracy ([0-9.]+)%");
+  std::smatch trained_m, loaded_m;
+  std::string last_eval;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), eval_re); it != std::sregex_iterator(); ++it)
+    last_eval = it->str();
+  ASSERT_TRUE(std::regex_search(last_eval, trained_m, eval_re)) << r.out;
+  ASSERT_TRUE(std::regex_search(e.out, loaded_m, eval_re)) << e.out;
+  EXPECT_EQ(loaded_m[2].str(), trained_m[2].str()) << "accuracy of the loaded model vs the run's last evaluation";
+  EXPECT_NEAR(std::stod(loaded_m[1].str()), std::stod(trained_m[1].str()), 2e-4) << "test loss";
   // the wrong architecture for that file is a clear error
   auto w = run("eval --devices cpu:1 --set model.width=16 --set data.limit_test=100 --model " + dir + "/model.bin");
   EXPECT_EQ(w.code, 1);

@@ -15,11 +15,18 @@ TEST(Devices, ParseCpuLists) {
   EXPECT_THROW(parse_devices("cpu:0"), ConfigError);
   EXPECT_THROW(parse_devices("cpu:x"), ConfigError);
   EXPECT_THROW(parse_devices("tpu:1"), ConfigError);
-  try {
-    parse_devices("gpu:1");
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("cpu:N"), std::string::npos);
-  }
+  // A misspelt kind is refused with the spellings that work.
+  EXPECT_THROW(
+      {
+        try {
+          parse_devices("gpu:1");
+        } catch (const ConfigError& e) {
+          EXPECT_NE(std::string(e.what()).find("cpu:N"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("gpu:1"), std::string::npos) << "names the value: " << e.what();
+          throw;
+        }
+      },
+      ConfigError);
 }
 
 TEST(Devices, AutoFallsBackToCpuWithoutGpu) {

@@ -354,8 +354,11 @@ TEST_P(CudaConformanceF32, Optimizers) {
 INSTANTIATE_TEST_SUITE_P(F32, CudaConformanceF32, ::testing::Values(DType::f32),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-// 20 training steps of ResNet-20 on one GPU track the CPU run's losses.
-std::vector<double> train_losses(const std::string& devices, const std::string& precision) {
+// 20 training steps of ResNet-20 on one GPU track the CPU run: losses and final parameters.
+struct TrainingRun {
+  std::vector<float> losses, params;
+};
+TrainingRun train_run(const std::string& devices, const std::string& precision) {
   std::vector<std::string> sets = {"model.arch=resnet20",
                                    "data.dataset=synthetic",
                                    "data.synthetic_shape=[16,16,3]",
@@ -375,24 +378,38 @@ std::vector<double> train_losses(const std::string& devices, const std::string& 
   // does) and would skip the first steps at 65536 where the CPU, accumulating in f32, does not.
   if (precision == "fp16") sets.push_back("train.loss_scale=128");
   auto cfg = train::parse_config("", "test", sets);
-  std::vector<double> losses;
-  train::Trainer t(cfg, {.print = false, .on_step = [&](const train::StepStatus& s) { losses.push_back(s.loss); }});
+  TrainingRun run;
+  train::Trainer t(cfg, {.print = false, .on_step = [&](const train::StepStatus& s) {
+                           run.losses.push_back(static_cast<float>(s.loss));
+                         }});
   t.fit();
-  return losses;
+  run.params = host_floats(t.model(0).params());
+  return run;
 }
 
 TEST(CudaTraining, TwentyStepsOfResNet20TrackTheCpuRun) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
   for (const char* precision : {"fp32", "fp16"}) {
-    auto c = train_losses("cpu:1", precision), g = train_losses("cuda:0", precision);
+    const TrainingRun cr = train_run("cpu:1", precision), gr = train_run("cuda:0", precision);
+    const auto &c = cr.losses, &g = gr.losses;
     ASSERT_EQ(c.size(), 20u);
     ASSERT_EQ(g.size(), 20u);
+    ASSERT_TRUE(replica::testing::all_finite(g)) << precision << ": a GPU loss is not finite";
+    ASSERT_TRUE(replica::testing::all_finite(gr.params)) << precision << ": a GPU parameter is not finite";
+    // Per step, relative to that step's CPU loss (rel_diff fails on a non-finite value).
     double worst = 0;
-    for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(g[i] - c[i]) / std::abs(c[i]));
+    for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, replica::testing::rel_diff(&g[i], &c[i], 1));
     // fp32: rounding differences grow through 20 SGD steps; fp16: plus 16-bit rounding everywhere.
-    EXPECT_LT(worst, std::string(precision) == "fp32" ? 2e-3 : 3e-2) << precision;
-    std::printf("  ResNet-20 %s 20 steps: loss %.4f -> %.4f (CPU %.4f -> %.4f), worst relative gap %.2e\n", precision,
-                g.front(), g.back(), c.front(), c.back(), worst);
+    const bool f32 = std::string(precision) == "fp32";
+    EXPECT_LT(worst, f32 ? 2e-3 : 3e-2) << precision;
+    // The parameters, relative to the largest: the CPU twin (Equivalence) holds 2e-5 between CPU
+    // runs; CPU vs GPU sums in other orders (cuDNN's algorithms) for 20 steps, so 1e-3 / 2e-2,
+    // not yet measured on a GPU (the first gpu-check run will show the figure this prints).
+    const double dp = replica::testing::max_rel_diff(gr.params, cr.params);
+    EXPECT_LT(dp, f32 ? 1e-3 : 2e-2) << precision << ": parameters after 20 steps";
+    std::printf("  ResNet-20 %s 20 steps: loss %.4f -> %.4f (CPU %.4f -> %.4f), worst relative gap %.2e, "
+                "parameters %.2e\n",
+                precision, g.front(), g.back(), c.front(), c.back(), worst, dp);
     EXPECT_LT(g.back(), g.front()) << "the GPU run learns";
   }
 }

@@ -1,12 +1,13 @@
 // Golden test against PyTorch (tests/reference/make_reference.py): the anchor ResNet-20 with the
 // same weights on the same 8 Fashion-MNIST images must give the same logits, loss, gradients,
-// batch-norm running statistics and losses over 3 SGD steps.
+// batch-norm running statistics, eval-mode logits and losses over 3 SGD steps.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
+#include "support/compare.h"
 #include "support/fixture.h"
 #include "support/layer_harness.h"
 
@@ -16,14 +17,9 @@ namespace {
 
 const std::string kFixture = std::string(REPLICA_SOURCE_DIR) + "/tests/fixtures/resnet20_golden.bin";
 
-// max |a - b| / max(|b|_inf, floor): a per-tensor error relative to the tensor's scale
+// max |a - b| / max(max |b|, floor), a per-tensor error relative to its scale; infinite when a value is non-finite on one side only.
 double rel_err(const float* a, const std::vector<float>& b, double floor = 1e-3) {
-  double maxdiff = 0, maxref = floor;
-  for (size_t i = 0; i < b.size(); ++i) {
-    maxdiff = std::max(maxdiff, static_cast<double>(std::abs(a[i] - b[i])));
-    maxref = std::max(maxref, static_cast<double>(std::abs(b[i])));
-  }
-  return maxdiff / maxref;
+  return replica::testing::rel_diff(a, b.data(), b.size(), floor);
 }
 
 struct Golden : ::testing::Test {
@@ -93,6 +89,22 @@ TEST_F(Golden, ForwardBackwardMatchPyTorch) {
     EXPECT_LT(rel_err(slot.value->data<float>(), fx.at(name).data), 1e-5) << name << " vs " << slot.name;
   }
   EXPECT_EQ(b, model->registry().buffers().size());
+}
+
+TEST_F(Golden, EvalModeMatchesPyTorchWithTheRecordedStatistics) {
+  // The training pass moves the running statistics off (0, 1); eval mode then normalises by them
+  // (PyTorch's model.eval()), so a mistake there (a missing square root, eps outside it, the
+  // batch's statistics instead of the running ones) changes these logits.
+  model->zero_grad();
+  Tensor train_logits;
+  step(&train_logits);
+  auto& be = ops::backend_for(pool->device());
+  nn::Context ctx(*pool, be, /*training=*/false);
+  Tensor logits = model->forward(ctx, x);
+  const auto& want = fx.at("eval_logits").data;
+  ASSERT_EQ(static_cast<size_t>(logits.numel()), want.size());
+  EXPECT_LT(rel_err(logits.data<float>(), want), 1e-4);
+  EXPECT_GT(rel_err(train_logits.data<float>(), want), 1e-2) << "eval and training logits must differ here";
 }
 
 TEST_F(Golden, ThreeSgdStepsTrackPyTorchLosses) {

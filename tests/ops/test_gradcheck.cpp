@@ -64,6 +64,19 @@ TEST(OpGrad, BatchNormWithFusedRelu) {
   h.check(random_input(*pool, {4, 3, 3, 3}), kTol);
 }
 
+TEST(OpGrad, FrozenBatchNormWithAndWithoutRelu) {
+  // model.freeze_bn: an affine map by the running statistics (set away from 0 and 1 here, so a
+  // missing square root or a swapped mean shows in the gradients as in the output).
+  for (bool relu : {false, true}) {
+    auto pool = replica::testing::test_pool();
+    nn::BatchNorm2d bn(relu ? "bn_frozen_relu" : "bn_frozen", 3, 0.1f, 1e-5f, false, relu);
+    LayerHarness h(bn, *pool);
+    h.freeze_bn();
+    // eps 1e-3: with the ReLU, a step of 1e-2 in a bias moves outputs across the kink at 0.
+    h.check(random_input(*pool, {4, 3, 3, 3}), kTol, 40, 1e-3f);
+  }
+}
+
 TEST(OpGrad, ReluMaxPoolAvgPoolLinear) {
   auto pool = replica::testing::test_pool();
   nn::ReLU relu("relu");

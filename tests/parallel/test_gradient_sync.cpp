@@ -46,21 +46,31 @@ TEST(GradientSync, AveragesAcrossReplicasAndLaunchesDuringBackward) {
       for (int i = 0; i < 10; ++i) offs.push_back(i * 1000);
       Tensor g = Tensor::zeros(*pool, {10000}, DType::f32, MemTag::grads);
       GradientSync gs(offs, g, *comms[r], {.bucket_mb = 0.01, .first_bucket_mb = 0.01});
+      // Every element has its own value, so a bucket reduced twice, skipped or written to the
+      // wrong place shows up: value(i) = i % 97 + r, whose mean over the ranks is i % 97 + 0.5.
+      auto value = [](int64_t i, int rank) { return static_cast<float>(i % 97 + rank); };
       // step 1: an accumulation micro-step, no sync
       gs.begin(false);
       for (int s = 9; s >= 0; --s) {
-        std::fill_n(g.data<float>() + s * 1000, 1000, static_cast<float>(r + 1));
+        for (int64_t i = s * 1000; i < (s + 1) * 1000; ++i) g.data<float>()[i] = value(i, r);
         gs.ready(s, 1);
       }
       gs.finish();
-      EXPECT_EQ(g.data<float>()[0], static_cast<float>(r + 1)) << "no_sync leaves gradients local";
+      int64_t local_wrong = 0;
+      for (int64_t i = 0; i < 10000; ++i) local_wrong += g.data<float>()[i] != value(i, r);
+      EXPECT_EQ(local_wrong, 0) << "no_sync leaves gradients local";
       // step 2: synchronised
       gs.begin(true);
       for (int s = 9; s >= 0; --s) gs.ready(s, 1);  // backward reports slots last to first
       gs.finish();
       early[r] = gs.launched_during_backward();
-      EXPECT_EQ(g.data<float>()[0], 1.5f);
-      EXPECT_EQ(g.data<float>()[9999], 1.5f);
+      int64_t wrong = 0, first_wrong = -1;
+      for (int64_t i = 0; i < 10000; ++i)
+        if (g.data<float>()[i] != static_cast<float>(i % 97) + 0.5f) {
+          if (first_wrong < 0) first_wrong = i;
+          wrong++;
+        }
+      EXPECT_EQ(wrong, 0) << "rank " << r << ": " << wrong << " averaged elements wrong, the first at " << first_wrong;
     });
   for (auto& t : ts) t.join();
   EXPECT_GT(early[0], 1) << "buckets start during backward, not all at finish()";

@@ -1,5 +1,9 @@
 // NCCL communicator on the visible GPUs (label gpu; skips without a device): every collective on
-// device buffers, checked on the host, the same assertions as the host communicator's tests.
+// device buffers, every element checked on the host and compared across ranks, as the host
+// communicator's tests do. With one GPU the group has one rank and every reduction is the
+// identity: those runs check the plumbing (copies, sizes, dtypes, errors); the reductions
+// themselves (sums of different values, gather order, scatter blocks, the time-out) are tested
+// only with two or more GPUs, and the tests say which checks need them.
 #include <gtest/gtest.h>
 
 #include "core/tensor.h"
@@ -18,6 +22,20 @@ class Nccl : public ::testing::Test {
   }
 };
 
+namespace {
+// Counts the elements of `got` that differ from want(i), naming the first in `first`.
+template <class F>
+int64_t count_wrong(const std::vector<float>& got, F want, size_t* first) {
+  int64_t wrong = 0;
+  for (size_t i = got.size(); i-- > 0;)
+    if (got[i] != static_cast<float>(want(i))) {
+      wrong++;
+      *first = i;
+    }
+  return wrong;
+}
+}  // namespace
+
 TEST_F(Nccl, CollectivesOnDeviceBuffers) {
   GroupOptions o;
   o.cuda_pool.mode = AllocatorMode::growth;
@@ -25,8 +43,10 @@ TEST_F(Nccl, CollectivesOnDeviceBuffers) {
   o.solo_single_gpu = false;  // NCCL even on one GPU
   ReplicaGroup group(parse_devices("cuda"), o);
   const int world = group.world();
+  if (world < 2) std::printf("one GPU: every reduction below is the identity (two GPUs test the sums)\n");
   const Device cpu{DeviceKind::cpu, 0};
   for (size_t n : {size_t(1), size_t(7), size_t(1000003)}) {
+    std::vector<std::vector<float>> after(world);  // each rank's all-reduce sum result
     group.run([&](Replica& rep) {
       const int r = rep.rank();
       Tensor d = Tensor::empty(rep.pool(), {static_cast<int64_t>(n)}, DType::f32, MemTag::comm);
@@ -40,24 +60,41 @@ TEST_F(Nccl, CollectivesOnDeviceBuffers) {
         rep.stream().synchronize();
       };
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        // value(i, q) = i % 5 + q: small integers, exact in f32 for every op.
         for (size_t i = 0; i < n; ++i) h[i] = static_cast<float>(i % 5 + r);
         up();
         rep.comm().all_reduce(d.raw(), n, DType::f32, op);
         down();
-        double want = op == ReduceOp::max ? (n - 1) % 5 + world - 1
-                                          : world * double((n - 1) % 5) + world * (world - 1) / 2.0;
-        if (op == ReduceOp::avg) want /= world;
-        EXPECT_NEAR(h[n - 1], want, 1e-4) << reduce_op_name(op);
+        auto want = [&](size_t i) {
+          const double base = static_cast<double>(i % 5);
+          if (op == ReduceOp::max) return base + world - 1;
+          const double sum = world * base + world * (world - 1) / 2.0;
+          return op == ReduceOp::avg ? sum / world : sum;
+        };
+        size_t first = 0;
+        const int64_t wrong = count_wrong(h, want, &first);
+        EXPECT_EQ(wrong, 0) << reduce_op_name(op) << " n=" << n << ": " << wrong << " elements wrong, first at "
+                            << first << " (" << h[first] << ", want " << want(first) << ")";
+        if (op == ReduceOp::sum) after[r] = h;
       }
       for (auto& v : h) v = static_cast<float>(r);
       up();
       rep.comm().broadcast(d.raw(), n, DType::f32, world - 1);
       down();
-      EXPECT_EQ(h[0], static_cast<float>(world - 1));
+      size_t first = 0;
+      EXPECT_EQ(count_wrong(h, [&](size_t) { return world - 1; }, &first), 0) << "broadcast from the last rank, n=" << n;
+      // all-gather: block q holds rank q's buffer (value 100 q + i % 3), in rank order.
+      for (size_t i = 0; i < n; ++i) h[i] = static_cast<float>(100 * r + i % 3);
+      up();
       Tensor all = Tensor::empty(rep.pool(), {static_cast<int64_t>(n) * world}, DType::f32, MemTag::comm);
       rep.comm().all_gather(d.raw(), all.raw(), n, DType::f32);
+      const auto g = host_floats(all);
+      ASSERT_EQ(g.size(), n * world);
+      EXPECT_EQ(count_wrong(g, [&](size_t i) { return 100.0 * static_cast<double>(i / n) + static_cast<double>((i % n) % 3); }, &first), 0)
+          << "all-gather n=" << n << ", first wrong at " << first << " (block of rank " << first / n << ")";
       rep.comm().barrier();
     });
+    for (int q = 1; q < world; ++q) EXPECT_TRUE(after[q] == after[0]) << "rank " << q << " disagrees with rank 0, n=" << n;
   }
 }
 
@@ -91,22 +128,28 @@ TEST_F(Nccl, SixteenBitReductionsAndGatherScatterContents) {
       for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 7) + r);
       Tensor t = up(rep, v, dt);
       rep.comm().all_reduce(t.raw(), n, dt, ReduceOp::sum);
-      auto h = down(rep, t);
-      for (size_t i : {size_t(0), size_t(500), n - 1})
-        EXPECT_EQ(h[i], static_cast<float>(world * (i % 7) + world * (world - 1) / 2)) << dtype_name(dt) << " " << i;
+      size_t first = 0;
+      EXPECT_EQ(count_wrong(down(rep, t), [&](size_t i) { return world * (i % 7) + world * (world - 1) / 2; }, &first), 0)
+          << dtype_name(dt) << ": first wrong at " << first;
     }
+    // all-gather at an odd size: block q is rank q's (q + 1) * (1 + i % 2).
     const size_t n = 13;
-    std::vector<float> mine(n, static_cast<float>(r + 1));
+    std::vector<float> mine(n);
+    for (size_t i = 0; i < n; ++i) mine[i] = static_cast<float>((r + 1) * (1 + i % 2));
     Tensor s = up(rep, mine, DType::f32);
     Tensor all = Tensor::empty(rep.pool(), {static_cast<int64_t>(n) * world}, DType::f32, MemTag::comm);
     rep.comm().all_gather(s.raw(), all.raw(), n, DType::f32);
-    auto g = down(rep, all);
-    for (int q = 0; q < world; ++q) EXPECT_EQ(g[q * n + n - 1], static_cast<float>(q + 1)) << "block of rank " << q;
+    size_t first = 0;
+    EXPECT_EQ(count_wrong(down(rep, all), [&](size_t i) { return (i / n + 1) * (1 + (i % n) % 2); }, &first), 0)
+        << "all-gather: first wrong at " << first << " (block of rank " << first / n << ")";
+    // reduce-scatter: element j of block q holds q + j on every rank; rank r receives the sum of
+    // block r, world * (r + j). Needs two GPUs to tell blocks apart from the identity.
     std::vector<float> blocks(n * world);
-    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<float>(i / n);  // block q holds q
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<float>(i / n + i % n);
     Tensor b = up(rep, blocks, DType::f32), out = Tensor::empty(rep.pool(), {static_cast<int64_t>(n)}, DType::f32, MemTag::comm);
     rep.comm().reduce_scatter(b.raw(), out.raw(), n, DType::f32, ReduceOp::sum);
-    EXPECT_EQ(down(rep, out)[n - 1], static_cast<float>(world * r)) << "rank r receives the sum of block r";
+    EXPECT_EQ(count_wrong(down(rep, out), [&](size_t j) { return world * (r + j); }, &first), 0)
+        << "rank " << r << " receives the sum of block " << r << "; first wrong at " << first;
   });
 }
 
@@ -125,6 +168,7 @@ TEST_F(Nccl, ReplicaHelpersTakeHostAndDevicePointers) {
     EXPECT_EQ(h[2], static_cast<float>(2 * world));
     auto g = rep.all_gather(h, 1);
     ASSERT_EQ(g.size(), static_cast<size_t>(world));
+    for (int q = 0; q < world; ++q) EXPECT_EQ(g[q], h[0]) << "every rank's first value after pmean is the same";
     Tensor d = up(rep, {static_cast<float>(r)}, DType::f32);
     rep.psum(d.data<float>(), 1);
     EXPECT_EQ(down(rep, d)[0], static_cast<float>(world * (world - 1) / 2));

@@ -5,7 +5,8 @@ The model is the anchor ResNet-20 of bench/anchors/torch_resnet.py (option-B sho
 16, 1 input channel, 10 classes), imported from there. On the first 8 Fashion-MNIST test images it records: inputs
 (NHWC), labels, every parameter (in replica's layouts: conv KRSC), the logits and mean
 cross-entropy loss of one training-mode forward pass, every gradient, the BN running statistics
-after that pass, and the losses of 3 SGD steps (lr 0.02, momentum 0.9, Nesterov, weight decay 5e-4
+after that pass, the logits of an eval-mode forward pass with those statistics (moved off their
+(0, 1) start by that pass, so a mistake in eval-mode normalisation shows), and the losses of 3 SGD steps (lr 0.02, momentum 0.9, Nesterov, weight decay 5e-4
 coupled, as torch.optim.SGD) on the same batch.
 
 Run: /usr/bin/python3 tests/reference/make_reference.py  (Debian's python3-torch)
@@ -52,6 +53,11 @@ def main():
     bufs = [(n, b) for n, b in m.named_buffers() if "running" in n]
     for n, b in bufs:
         add("buffer." + n, b.detach().numpy())
+    # Eval mode: normalised by the running statistics just recorded (the same weights).
+    m.eval()
+    with torch.no_grad():
+        add("eval_logits", m(X).numpy())
+    m.train()
     # 3 SGD steps from the same weights (running statistics do not affect training-mode output),
     # in float32 and again in float64: their spread is how sensitive the trajectory is to rounding,
     # which sets the C++ test's tolerance.

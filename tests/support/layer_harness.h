@@ -47,9 +47,20 @@ class LayerHarness {
     }
   }
 
+  // Frozen batch norm (model.freeze_bn): training mode, normalised by the running statistics,
+  // which are set to values away from their (0, 1) start so that every use of them shows.
+  void freeze_bn(uint32_t seed = 11) {
+    bn_frozen_ = true;
+    std::mt19937 rng(seed);
+    for (auto& b : reg_.buffers())
+      if (b.init == 1.f) fill_random(*b.value, rng, 0.3f, 2.5f);  // running_var
+      else fill_random(*b.value, rng, -0.7f, 0.7f);              // running_mean
+  }
+
   // loss = sum(forward(x) * r) in double
   double loss(const Tensor& x, const Tensor& r) {
     nn::Context ctx(pool_, ops::backend_for(x.device()), true);
+    ctx.bn_frozen = bn_frozen_;
     Tensor y = layer_.forward(ctx, x);
     double s = 0;
     for (int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.data<float>()[i]) * r.data<float>()[i];
@@ -59,6 +70,7 @@ class LayerHarness {
   // Checks d loss / d x and d loss / d params at `samples` random coordinates each.
   void check(const Tensor& x, double tol, int samples = 40, float eps = 1e-2f) {
     nn::Context ctx(pool_, ops::backend_for(x.device()), true);
+    ctx.bn_frozen = bn_frozen_;
     Tensor y = layer_.forward(ctx, x);
     Tensor r = Tensor::empty(pool_, y.shape(), DType::f32, MemTag::other);
     std::mt19937 rng(7);
@@ -106,6 +118,7 @@ class LayerHarness {
   MemoryPool& pool_;
   nn::ParamRegistry reg_;
   Tensor params_, grads_, bufs_;
+  bool bn_frozen_ = false;
 };
 
 }  // namespace replica::testing

@@ -34,31 +34,44 @@ std::vector<std::string> base_sets(int replicas, const std::string& dir) {
           "parallel.devices=cpu:" + std::to_string(replicas)};
 }
 
-std::vector<float> train_params(std::vector<std::string> sets) {
+struct Trained {
+  std::vector<float> params, buffers;  // replica 0's parameters and batch-norm running statistics
+};
+
+Trained train_model(std::vector<std::string> sets) {
   auto cfg = train::parse_config("", "test", sets);
   train::Trainer t(cfg, {.print = false, .on_step = nullptr});
   t.fit();
   auto& p = t.model(0).params();
-  return std::vector<float>(p.data<float>(), p.data<float>() + p.numel());
+  auto& b = t.model(0).buffers();
+  return {std::vector<float>(p.data<float>(), p.data<float>() + p.numel()),
+          std::vector<float>(b.data<float>(), b.data<float>() + b.numel())};
 }
+
+std::vector<float> train_params(std::vector<std::string> sets) { return train_model(std::move(sets)).params; }
 
 
 }  // namespace
 
 TEST(Equivalence, ReplicasMatchOneReplicaOnTheSameGlobalBatch) {
   const std::string dir = ::testing::TempDir() + "/equiv";
-  auto one = train_params(base_sets(1, dir));
+  // parallel.check_every=1: the replicas' parameters are also compared with each other every step.
+  auto one = train_model(base_sets(1, dir));
   for (int r : {2, 4}) {
-    auto many = train_params(base_sets(r, dir));
-    ASSERT_EQ(many.size(), one.size());
-    double d = replica::testing::max_rel_diff(many, one);
+    auto many = train_model(base_sets(r, dir));
+    ASSERT_EQ(many.params.size(), one.params.size());
+    ASSERT_EQ(many.buffers.size(), one.buffers.size());
+    double d = replica::testing::max_rel_diff(many.params, one.params);
     EXPECT_LT(d, 2e-5) << r << " replicas vs 1";
-    std::printf("%d replicas vs 1: max |diff| / max |param| = %.2e\n", r, d);
+    // Sync-BN: every replica's running statistics are those of the whole batch, as on 1 replica.
+    double db = replica::testing::max_rel_diff(many.buffers, one.buffers);
+    EXPECT_LT(db, 2e-5) << r << " replicas vs 1: running statistics";
+    std::printf("%d replicas vs 1: max |diff| / max |param| = %.2e, running statistics %.2e\n", r, d, db);
   }
   // And the comparison can fail: a different global batch gives different parameters.
   auto sets = base_sets(1, dir);
   sets.push_back("train.global_batch=16");
-  EXPECT_GT(replica::testing::max_rel_diff(train_params(sets), one), 1e-3);
+  EXPECT_GT(replica::testing::max_rel_diff(train_params(sets), one.params), 1e-3);
 }
 
 TEST(Equivalence, AccumulationOnOneReplicaMatchesReplicasWithTheSameMicroBatches) {

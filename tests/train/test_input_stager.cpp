@@ -19,12 +19,15 @@ data::Batch make_batch(MemoryPool& host, int64_t n, float v) {
   return b;
 }
 
-// Pushes batch k + 1 before using batch k, as the trainer does on a GPU, for 7 batches.
-void run_in_order(train::InputStager& st, MemoryPool& host, bool ahead) {
+// Pushes batch k + 1 before using batch k, as the trainer does on a GPU, for 7 batches; every
+// batch handed out must live on `where` (the replica's device).
+void run_in_order(train::InputStager& st, MemoryPool& host, bool ahead, DeviceKind where) {
   st.push(make_batch(host, 3, 0.f));
   for (int k = 0; k < 7; ++k) {
     if (st.empty()) st.push(make_batch(host, 3, 100.f * k));
     auto [x, y] = st.front();
+    EXPECT_EQ(x.device().kind, where) << "batch " << k;
+    EXPECT_EQ(y.device().kind, where) << "batch " << k;
     if (ahead && k + 1 < 7) {
       st.push(make_batch(host, 3, 100.f * (k + 1)));
       ASSERT_TRUE(st.full());
@@ -57,8 +60,9 @@ TEST(InputStager, CpuPassesBatchesThrough) {
   EXPECT_EQ(st.front().first.raw(), raw) << "no copy on the CPU";
   st.pop();
   EXPECT_THROW(st.front(), Error);
-  run_in_order(st, *pool, false);
-  run_in_order(st, *pool, true);
+  run_in_order(st, *pool, false, DeviceKind::cpu);
+  run_in_order(st, *pool, true, DeviceKind::cpu);
+  EXPECT_TRUE(st.empty()) << "drained";
 }
 
 TEST(InputStager, GpuCopiesAheadOnTheCopyStream) {
@@ -72,8 +76,8 @@ TEST(InputStager, GpuCopiesAheadOnTheCopyStream) {
   set_current_stream(compute.get());
   {
     train::InputStager st(*pool, copy.get(), compute.get());
-    run_in_order(st, *host, true);
-    EXPECT_EQ(st.front().first.device().kind, DeviceKind::cuda);
+    run_in_order(st, *host, true, DeviceKind::cuda);
+    EXPECT_TRUE(st.empty()) << "drained";
   }
   set_current_stream(nullptr);
 }

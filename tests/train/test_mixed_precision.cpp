@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -87,6 +88,92 @@ TEST(MixedPrecision, OverflowOnOneReplicaSkipsEverywhereAndChangesNothing) {
   EXPECT_EQ(scales[1], 512.f);
 }
 
+namespace {
+// An identity layer whose backward, when told to, writes +inf into the gradient it passes on:
+// a non-finite gradient on one replica only, while every loss stays finite.
+class GradPoison : public nn::Layer {
+ public:
+  explicit GradPoison(const bool* armed) : Layer("test.grad_poison"), armed_(armed) {}
+  Tensor forward(nn::Context& ctx, const Tensor& x) override {
+    Tensor y = ctx.alloc(x.shape(), MemTag::activations, x.dtype());
+    std::memcpy(y.raw(), x.raw(), x.nbytes());
+    return y;
+  }
+  Tensor backward(nn::Context&, const Tensor& dy) override {
+    if (*armed_) {
+      if (dy.dtype() == DType::f32) {
+        dy.data<float>()[0] = std::numeric_limits<float>::infinity();
+      } else {
+        const uint16_t inf = dy.dtype() == DType::f16 ? 0x7C00 : 0x7F80;  // +inf in f16 / bf16
+        std::memcpy(dy.raw(), &inf, sizeof inf);
+      }
+    }
+    return dy;
+  }
+  Shape output_shape(const Shape& in) const override { return in; }
+
+ private:
+  const bool* armed_;
+};
+}  // namespace
+
+TEST(MixedPrecision, NonFiniteGradientOnOneReplicaWithFiniteLossSkipsEverywhere) {
+  // The loss is finite on both replicas; only rank 1's backward produces an inf. The verdict can
+  // come from the gradients' finite check alone, and it must be the same on both replicas.
+  for (DType act : {DType::f16, DType::bf16}) {
+    parallel::ReplicaGroup group(parse_devices("cpu:2"), {});
+    std::vector<train::StepStatus> planted(2);
+    std::vector<optim::DynamicLossScaler::State> scaler_state(2);
+    std::vector<std::vector<float>> params_after(2), moment_after(2);
+    group.run([&](parallel::Replica& rep) {
+      bool armed = false;
+      auto net = std::make_unique<nn::Sequential>("net");
+      net->emplace<nn::Conv2d>("conv", 1, 4, 3, 1, 1);
+      net->emplace<GradPoison>(&armed);
+      net->emplace<nn::GlobalAvgPool>("pool");
+      net->emplace<nn::Linear>("fc", 4, 10);
+      nn::Model model("poisoned", std::move(net), Shape{8, 8, 1}, 10);
+      model.materialize(rep.pool(), 1, act);
+      optim::Sgd sgd(model.registry(), model.num_params(), rep.pool(), {.momentum = 0.9f});
+      optim::DynamicLossScaler scaler({.init_scale = 1024.f, .growth_interval = 1000});
+      train::ReplicaStep rs(rep, model, sgd, {.accumulation = 1, .micro_batch = 8, .activations = act, .scaler = &scaler});
+      Tensor x, y;
+      auto step = [&](bool plant) {
+        random_batch(rep.pool(), 8, 10 + rep.rank(), x, y);
+        armed = plant && rep.rank() == 1;
+        rs.zero_grad();
+        rs.micro_step(x, y, true);
+        armed = false;
+        return rs.apply(0.1f);
+      };
+      EXPECT_TRUE(step(false).applied);
+      const auto params = copy_of(model.params()), moment = copy_of(*sgd.state()[0]);
+      const int64_t steps_before = sgd.steps();
+      planted[rep.rank()] = step(true);
+      EXPECT_TRUE(std::isfinite(planted[rep.rank()].loss)) << "the loss stays finite: only the gradient check can see it";
+      EXPECT_EQ(copy_of(model.params()), params) << "rank " << rep.rank() << ": the master weights are unchanged";
+      EXPECT_EQ(copy_of(*sgd.state()[0]), moment) << "rank " << rep.rank() << ": and the momentum";
+      EXPECT_EQ(sgd.steps(), steps_before) << "and the step count";
+      scaler_state[rep.rank()] = scaler.state();
+      params_after[rep.rank()] = copy_of(model.params());
+      moment_after[rep.rank()] = copy_of(*sgd.state()[0]);
+      train::StepStatus next = step(false);
+      EXPECT_TRUE(next.applied) << "training goes on after the skip";
+      EXPECT_EQ(next.step, steps_before + 1);
+    });
+    const char* name = dtype_name(act);
+    EXPECT_FALSE(planted[0].applied) << name << ": rank 0's own gradients were finite, yet it skipped with rank 1";
+    EXPECT_FALSE(planted[1].applied) << name;
+    EXPECT_EQ(params_after[0], params_after[1]) << name << ": the replicas still agree";
+    EXPECT_EQ(moment_after[0], moment_after[1]) << name;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(scaler_state[r].scale, 512.f) << name << " rank " << r << ": backed off once";
+      EXPECT_EQ(scaler_state[r].skipped, 1) << name << " rank " << r;
+      EXPECT_EQ(scaler_state[r].good, 0) << name << " rank " << r << ": the good-step count restarts";
+    }
+  }
+}
+
 TEST(MixedPrecision, SixteenBitActivationsHalveActivationMemory) {
   std::map<DType, size_t> peak;
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
@@ -115,13 +202,16 @@ std::vector<std::string> accum_sets(int replicas, int64_t micro, const std::stri
   return {"model.width=4", "model.freeze_bn=true", "data.dataset=synthetic", "data.synthetic_shape=[8,8,1]",
           "data.synthetic_size=512", "data.mean=[0.5]", "data.std=[0.25]", "train.global_batch=32",
           "train.micro_batch=" + std::to_string(micro), "train.max_steps=4", "train.eval=false",
-          "train.run_dir=" + dir, "optim.schedule=constant", "optim.lr=0.05",
+          "train.run_dir=" + dir, "optim.schedule=constant", "optim.lr=0.05", "parallel.check_every=1",
           "parallel.devices=cpu:" + std::to_string(replicas)};
 }
-std::vector<float> trained(const std::vector<std::string>& sets) {
+struct Trained {
+  std::vector<float> params, buffers;
+};
+Trained trained(const std::vector<std::string>& sets) {
   train::Trainer t(train::parse_config("", "test", sets), {.print = false, .on_step = nullptr});
   t.fit();
-  return copy_of(t.model(0).params());
+  return {copy_of(t.model(0).params()), copy_of(t.model(0).buffers())};
 }
 }  // namespace
 
@@ -129,18 +219,22 @@ TEST(Accumulation, MicroStepsEqualOneLargeBatchOnOneAndTwoReplicas) {
   // Batch norm frozen (running statistics) so a micro-batch normalises exactly as the large batch
   // does; then k micro-steps of b and one step of k*b differ only by summation order.
   const std::string dir = ::testing::TempDir() + "/accum_frozen";
-  auto one_big = trained(accum_sets(1, 32, dir));
-  auto one_acc = trained(accum_sets(1, 8, dir));    // 4 micro-steps
-  auto two_acc = trained(accum_sets(2, 4, dir));    // 2 replicas x 4 micro-steps
-  auto two_big = trained(accum_sets(2, 16, dir));
+  const Trained one_big = trained(accum_sets(1, 32, dir));
+  const Trained one_acc = trained(accum_sets(1, 8, dir));  // 4 micro-steps
+  const Trained two_acc = trained(accum_sets(2, 4, dir));  // 2 replicas x 4 micro-steps
+  const Trained two_big = trained(accum_sets(2, 16, dir));
+  using replica::testing::max_rel_diff;
   std::printf("accumulation vs one batch: 1 replica %.2e, 2 replicas %.2e, 2 replicas no accumulation %.2e\n",
-              replica::testing::max_rel_diff(one_acc, one_big), replica::testing::max_rel_diff(two_acc, one_big), replica::testing::max_rel_diff(two_big, one_big));
-  EXPECT_LT(replica::testing::max_rel_diff(one_acc, one_big), 1e-5);
-  EXPECT_LT(replica::testing::max_rel_diff(two_acc, one_big), 1e-5);
-  EXPECT_LT(replica::testing::max_rel_diff(two_big, one_big), 1e-5);
+              max_rel_diff(one_acc.params, one_big.params), max_rel_diff(two_acc.params, one_big.params),
+              max_rel_diff(two_big.params, one_big.params));
+  EXPECT_LT(max_rel_diff(one_acc.params, one_big.params), 1e-5);
+  EXPECT_LT(max_rel_diff(two_acc.params, one_big.params), 1e-5);
+  EXPECT_LT(max_rel_diff(two_big.params, one_big.params), 1e-5);
+  // Frozen batch norm never updates its running statistics, however the batch is cut.
+  for (const Trained* t : {&one_acc, &two_acc, &two_big}) EXPECT_EQ(t->buffers, one_big.buffers);
   auto other = accum_sets(1, 8, dir);
   other.push_back("optim.lr=0.06");
-  EXPECT_GT(replica::testing::max_rel_diff(trained(other), one_big), 1e-4) << "the comparison can fail";
+  EXPECT_GT(max_rel_diff(trained(other).params, one_big.params), 1e-4) << "the comparison can fail";
 }
 
 TEST(Accumulation, GlobalBatchThatDoesNotDivideNamesTheNumbers) {
