@@ -59,7 +59,7 @@ void HostUpstream::deallocate(void* p, size_t) { std::free(p); }
 size_t HostUpstream::total_memory() const { return host_physical_memory(); }
 
 void* SimulatedUpstream::allocate(size_t bytes) {
-  if (outstanding_ + bytes > total_) return nullptr;
+  if (bytes > available_ - outstanding_) return nullptr;
   void* p = reinterpret_cast<void*>(next_);
   next_ += (bytes + 4095) & ~uintptr_t(4095);
   outstanding_ += bytes;
@@ -123,6 +123,9 @@ MemoryPool::MemoryPool(Device device, std::unique_ptr<Upstream> upstream, PoolOp
   for (int b = 0; b < kBins; ++b) bins_.emplace_back(BySize(), detail::NodeAllocator<Block*>(arena_.get()));
   if (options_.bytes == 0) validate_fraction(options_.fraction, "memory.fraction (" + options_.fraction_source + ")");
   size_t total = upstream_->total_memory();
+  if (options_.bytes > total)
+    throw ConfigError("memory.bytes: " + format_bytes(options_.bytes) + " is more than " + device_.str() + " has (" +
+                      format_bytes(total) + " " + upstream_->name() + "); use a smaller size or memory.fraction");
   capacity_ = options_.bytes ? options_.bytes
                              : static_cast<size_t>(static_cast<double>(total) * options_.fraction);
   capacity_ &= ~(kGranularity - 1);
@@ -594,11 +597,16 @@ void MemoryPool::throw_oom(size_t bytes, size_t rounded, MemTag tag) {
      << " (" << rounded << " B rounded) for " << mem_tag_name(tag) << ". Pool: "
      << allocator_mode_name(options_.mode) << ", capacity " << format_bytes(capacity_) << ", in use "
      << format_bytes(st_.in_use) << ", free " << format_bytes(total_free) << ", largest free block "
-     << format_bytes(largest) << ", fragmentation " << static_cast<int>(frag * 100 + 0.5) << "%. Biggest tags:";
-  for (int i = 0; i < 3; ++i)
-    if (st_.tags[order[i]].in_use)
-      os << " " << mem_tag_name(static_cast<MemTag>(order[i])) << " " << format_bytes(st_.tags[order[i]].in_use);
-  os << ". ";
+     << format_bytes(largest) << ", fragmentation " << static_cast<int>(frag * 100 + 0.5) << "%. ";
+  if (st_.in_use == 0) {
+    os << "Nothing is allocated yet: this one request is larger than the whole pool. ";
+  } else {
+    os << "Biggest tags:";
+    for (int i = 0; i < 3; ++i)
+      if (st_.tags[order[i]].in_use)
+        os << " " << mem_tag_name(static_cast<MemTag>(order[i])) << " " << format_bytes(st_.tags[order[i]].in_use);
+    os << ". ";
+  }
   if (total_free >= rounded)
     os << "Enough memory is free in total but not in one piece (fragmentation). ";
   os << "To fit: use a smaller train.micro_batch with more accumulation steps, train.precision: "

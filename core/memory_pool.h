@@ -2,6 +2,7 @@
 // platform), best-fit with coalescing over size bins, stats by tag, actionable OOM errors and an
 // optional event trace. Thread safe.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -53,7 +54,8 @@ class HostUpstream : public Upstream {
 // Hands out fake, never-dereferenced addresses: tests pool policy at any size without memory.
 class SimulatedUpstream : public Upstream {
  public:
-  explicit SimulatedUpstream(size_t total) : total_(total) {}
+  // `available` below `total` plays another process holding the rest of the device.
+  explicit SimulatedUpstream(size_t total, size_t available = SIZE_MAX) : total_(total), available_(std::min(total, available)) {}
   void* allocate(size_t bytes) override;
   void deallocate(void* p, size_t bytes) override;
   size_t total_memory() const override { return total_; }
@@ -62,7 +64,7 @@ class SimulatedUpstream : public Upstream {
   size_t calls() const { return calls_; }
 
  private:
-  size_t total_;
+  size_t total_, available_;
   uintptr_t next_ = 1ull << 40;
   size_t outstanding_ = 0, calls_ = 0;
 };

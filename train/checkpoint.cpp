@@ -139,6 +139,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 void rotate_checkpoints(const std::string& dir, int keep) {
+  remove_stale_temporaries(dir);  // a killed writer's step-N.ckpt.tmp.PID
   if (keep <= 0) return;
   auto all = list_checkpoints(dir);
   for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) std::filesystem::remove(all[i]);

@@ -317,12 +317,17 @@ uint64_t parse_bytes(const std::string& s, const std::string& what) {
       {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
       {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
   auto it = units.find(unit);
-  if (it == units.end() || v < 0)
+  if (it == units.end() || !(v >= 0))
     throw ConfigError(what + ": '" + s + "' is not a size; use e.g. 2GiB, 512MiB or 1000000");
-  return static_cast<uint64_t>(v * it->second);
+  const double bytes = v * it->second;
+  // Converting a double beyond 2^64 to an integer is undefined: refuse anything past 1 EiB.
+  if (!(bytes <= 1152921504606846976.0))
+    throw ConfigError(what + ": '" + s + "' is larger than any device (more than 1 EiB)");
+  return static_cast<uint64_t>(bytes);
 }
 
-RunConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& sets) {
+namespace {
+RunConfig parse_config_nodes(const std::string& text, const std::string& source, const std::vector<std::string>& sets) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -358,8 +363,16 @@ RunConfig parse_config(const std::string& text, const std::string& source, const
     root[sec][key] = YAML::Clone(v);
   }
 
+  // A key must be a plain word: a mapping or list used as a key ("{a: 1}: 2", "? [x]") is named.
+  auto key_text = [&](const YAML::Node& k, const std::string& inside) {
+    if (!k.IsScalar())
+      throw ConfigError(source + ":" + std::to_string(k.Mark().line + 1) + ": " + inside +
+                        "a key must be a plain name, not a " + (k.IsMap() ? "mapping" : k.IsSequence() ? "list" : "null") +
+                        " (check the indentation and the colons)");
+    return k.Scalar();
+  };
   for (auto it = root.begin(); it != root.end(); ++it) {
-    std::string sec = it->first.as<std::string>();
+    std::string sec = key_text(it->first, "");
     int line = it->first.Mark().line + 1;
     if (!sch.count(sec))
       throw ConfigError(source + ":" + std::to_string(line) + ": unknown section '" + sec + "'" + suggest(sec, sections) +
@@ -369,7 +382,7 @@ RunConfig parse_config(const std::string& text, const std::string& source, const
     auto& section = sch[sec];
     auto known = keys_of(section);
     for (auto kv = it->second.begin(); kv != it->second.end(); ++kv) {
-      std::string key = kv->first.as<std::string>();
+      std::string key = key_text(kv->first, sec + ": ");
       Loc l{source, sec + "." + key, kv->first.Mark().line >= 0 ? kv->first.Mark().line + 1 : -1};
       auto f = std::find_if(section.begin(), section.end(), [&](auto& e) { return e.first == key; });
       if (f == section.end()) fail(l, "unknown key" + suggest(key, known));
@@ -387,6 +400,16 @@ RunConfig parse_config(const std::string& text, const std::string& source, const
     throw ConfigError(source + ": data.mean and data.std need the same number of values (one per channel)");
   c.resolved = emit(c);
   return c;
+}
+}  // namespace
+
+RunConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& sets) {
+  try {
+    return parse_config_nodes(text, source, sets);
+  } catch (const YAML::Exception& e) {  // anything yaml-cpp refuses that the checks above missed
+    throw ConfigError(source + (e.mark.is_null() ? std::string() : ":" + std::to_string(e.mark.line + 1)) +
+                      ": cannot read the configuration: " + e.msg);
+  }
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& sets) {

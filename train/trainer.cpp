@@ -482,8 +482,14 @@ FitResult Trainer::fit() {
   const bool tty = opts_.print && isatty(STDOUT_FILENO);
   std::string run_dir = cfg_.train.run_dir;
   std::unique_ptr<TensorBoardWriter> tb;
+  std::unique_ptr<DirectoryLock> run_lock;
   if (group_->lead_process()) {  // only global rank 0's process writes the run directory
     std::filesystem::create_directories(run_dir);
+    // One writer per run directory: a second `replica train` on it is refused, naming this PID.
+    run_lock = std::make_unique<DirectoryLock>(run_dir, "a replica train writing this run directory");
+    // Temporaries of a writer killed mid-write (write_file_atomic) are removed, not left to pile up.
+    for (const std::string& dir : {run_dir, checkpoint_dir()})
+      for (const std::string& f : remove_stale_temporaries(dir)) log_info("removed ", f, " (left by a killed writer)");
     write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
     metrics_path_ = run_dir + "/metrics.jsonl";
     // A resumed run appends to its metrics; a fresh one starts them anew.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -64,11 +65,93 @@ namespace {
 
 MPI_Datatype mpi_float() { return MPI_FLOAT; }
 
+// Arrival tracking between process leaders: before collective #k, a leader sends k to every
+// peer; it keeps one receive posted per peer and records the highest k each peer reached. When a
+// collective times out, the peers whose last k is below ours are the ones that never arrived
+// (stopped, dead, or stuck in other work), and the error names them.
+class Arrivals {
+ public:
+  explicit Arrivals(MpiProcess proc) : proc_(proc), seen_(proc.size, 0), buf_(proc.size, 0), recv_(proc.size) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    for (int p = 0; p < proc_.size; ++p)
+      if (p != proc_.rank) post(p);
+  }
+  ~Arrivals() {
+    for (int p = 0; p < proc_.size; ++p) {
+      if (p == proc_.rank) continue;
+      MPI_Cancel(&recv_[p]);
+      MPI_Wait(&recv_[p], MPI_STATUS_IGNORE);
+    }
+    reap(true);
+    MPI_Comm_free(&comm_);
+  }
+  // Announces that this process reached collective number `k`.
+  void arrive(long long k) {
+    reap(false);
+    for (int p = 0; p < proc_.size; ++p) {
+      if (p == proc_.rank) continue;
+      sends_.push_back({k, MPI_REQUEST_NULL});
+      MPI_Isend(&sends_.back().value, 1, MPI_LONG_LONG, p, kTag, comm_, &sends_.back().req);
+    }
+  }
+  void poll() {
+    for (int p = 0; p < proc_.size; ++p) {
+      if (p == proc_.rank) continue;
+      for (int done = 1; done;) {
+        MPI_Test(&recv_[p], &done, MPI_STATUS_IGNORE);
+        if (done) {
+          seen_[p] = std::max(seen_[p], buf_[p]);
+          post(p);
+        }
+      }
+    }
+  }
+  // "process 1 (global ranks 2-3) last reached collective #41" for every peer behind `k`.
+  std::string missing(long long k, int local_count) {
+    poll();
+    std::string out;
+    for (int p = 0; p < proc_.size; ++p) {
+      if (p == proc_.rank || seen_[p] >= k) continue;
+      const int lo = p * local_count, hi = lo + local_count - 1;
+      out += std::string(out.empty() ? "" : "; ") + "process " + std::to_string(p) + " (global rank" +
+             (lo == hi ? " " + std::to_string(lo) : "s " + std::to_string(lo) + "-" + std::to_string(hi)) +
+             ") never reached it (its last was collective #" + std::to_string(seen_[p]) + ")";
+    }
+    return out;
+  }
+
+ private:
+  static constexpr int kTag = 7301;
+  struct Send {
+    long long value;
+    MPI_Request req;
+  };
+  void post(int p) { MPI_Irecv(&buf_[p], 1, MPI_LONG_LONG, p, kTag, comm_, &recv_[p]); }
+  void reap(bool all) {  // completed sends are dropped; at the end, unfinished ones are freed
+    while (!sends_.empty()) {
+      int done = 0;
+      MPI_Test(&sends_.front().req, &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        if (!all) return;
+        MPI_Request_free(&sends_.front().req);
+      }
+      sends_.pop_front();
+    }
+  }
+  MpiProcess proc_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::vector<long long> seen_, buf_;
+  std::vector<MPI_Request> recv_;
+  std::deque<Send> sends_;  // a deque: elements stay where they are while MPI reads them
+};
+
 class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator(std::unique_ptr<Communicator> local, int local_index, int local_count, MpiProcess proc,
                   MpiCommOptions o)
-      : local_(std::move(local)), li_(local_index), lc_(local_count), proc_(proc), o_(o) {}
+      : local_(std::move(local)), li_(local_index), lc_(local_count), proc_(proc), o_(o) {
+    if (li_ == 0 && proc_.size > 1) arrivals_ = std::make_unique<Arrivals>(proc_);
+  }
 
   int rank() const override { return proc_.rank * lc_ + li_; }
   int size() const override { return proc_.size * lc_; }
@@ -110,6 +193,7 @@ class MpiCommunicator : public Communicator {
       local_->all_reduce(p, n, DType::f32, max ? ReduceOp::max : ReduceOp::sum);
       if (li_ == 0 && proc_.size > 1) {
         MPI_Request req;
+        start();
         MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(n), mpi_float(), max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD, &req);
         wait(req, "all_reduce");
       }
@@ -126,6 +210,7 @@ class MpiCommunicator : public Communicator {
       if (proc_.rank == root_proc) local_->broadcast(d, n, t, root_local);
       if (li_ == 0 && proc_.size > 1) {
         MPI_Request req;
+        start();
         MPI_Ibcast(d, static_cast<int>(n * dtype_size(t)), MPI_BYTE, root_proc, MPI_COMM_WORLD, &req);
         wait(req, "broadcast");
       }
@@ -139,6 +224,7 @@ class MpiCommunicator : public Communicator {
       local_->all_gather(s, mine, n, t);
       if (li_ == 0 && proc_.size > 1) {
         MPI_Request req;
+        start();
         MPI_Iallgather(MPI_IN_PLACE, 0, MPI_BYTE, r, static_cast<int>(block), MPI_BYTE, MPI_COMM_WORLD, &req);
         wait(req, "all_gather");
       }
@@ -157,6 +243,7 @@ class MpiCommunicator : public Communicator {
       local_->barrier();
       if (li_ == 0 && proc_.size > 1) {
         MPI_Request req;
+        start();
         MPI_Ibarrier(MPI_COMM_WORLD, &req);
         wait(req, "barrier");
       }
@@ -165,16 +252,28 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
+  // Called by the leader right before it starts an MPI collective.
+  void start() {
+    ++seq_;
+    if (arrivals_) arrivals_->arrive(seq_);
+  }
   void wait(MPI_Request& req, const char* what) {
     const auto t0 = std::chrono::steady_clock::now();
     int done = 0;
-    for (;;) {
+    for (int spin = 0;; ++spin) {
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       if (done) return;
-      if (std::chrono::steady_clock::now() - t0 > o_.timeout)
-        abort_mpi_job("global rank " + std::to_string(rank()) + " timed out after " +
-                      std::to_string(o_.timeout.count() / 1000.0) + " s in " + what +
-                      " waiting for another process (dead, stuck, or issuing other collectives)");
+      if ((spin & 255) == 0 && arrivals_) arrivals_->poll();
+      if (std::chrono::steady_clock::now() - t0 > o_.timeout) {
+        std::string who = arrivals_ ? arrivals_->missing(seq_, lc_) : std::string();
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%.1f", o_.timeout.count() / 1000.0);
+        abort_mpi_job("global rank " + std::to_string(rank()) + " timed out after " + secs + " s in " + what +
+                      " (collective #" + std::to_string(seq_) + ") waiting for another process: " +
+                      (who.empty() ? std::string("every process arrived, so one is stuck inside it or issuing other "
+                                                 "collectives")
+                                   : who + " (stopped, dead, or stuck in other work)"));
+      }
       std::this_thread::yield();
     }
   }
@@ -188,6 +287,8 @@ class MpiCommunicator : public Communicator {
   int li_, lc_;
   MpiProcess proc_;
   MpiCommOptions o_;
+  long long seq_ = 0;                  // MPI collectives this leader has started
+  std::unique_ptr<Arrivals> arrivals_;  // leaders of multi-process jobs only
   CollectiveQueue queue_;  // last: its worker may run collectives that use the members above
 };
 

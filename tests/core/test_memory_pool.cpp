@@ -175,6 +175,29 @@ TEST(MemoryPool, OomMessageNamesEverythingAndPoolStaysUsable) {
   EXPECT_EQ(pool->stats().in_use, 0u);
 }
 
+TEST(MemoryPool, ARequestLargerThanAnEmptyPoolSaysSo) {
+  for (AllocatorMode mode : {AllocatorMode::preallocate, AllocatorMode::growth, AllocatorMode::platform}) {
+    auto pool = sim_pool(mode, 64 * MiB);
+    try {
+      pool->allocate(100 * MiB, MemTag::activations);
+      FAIL() << allocator_mode_name(mode);
+    } catch (const OutOfMemoryError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("Nothing is allocated yet"), std::string::npos) << m;
+      EXPECT_EQ(m.find("Biggest tags:."), std::string::npos) << "no empty list: " << m;
+    }
+  }
+}
+
+TEST(MemoryPool, ACapacityBeyondTheDeviceIsRefusedByName) {
+  try {
+    sim_pool(AllocatorMode::growth, size_t(2) << 40, size_t(1) << 40);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.bytes"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MemoryPool, ModesReserveAsDocumented) {
   // preallocate: everything up front
   auto pre = sim_pool(AllocatorMode::preallocate, 256 * MiB);
@@ -218,10 +241,9 @@ TEST(MemoryPool, FractionOfTotalAndPreallocateFailure) {
   MemoryPool pool(cpu0, std::make_unique<SimulatedUpstream>(1024 * MiB), o);
   EXPECT_EQ(pool.capacity(), 512 * MiB);
   EXPECT_NE(pool.describe().find("preallocate"), std::string::npos);
-  // The upstream cannot give what is asked (another process holds it): a clear error.
-  o.bytes = 2048 * MiB;
+  // The upstream cannot give what is asked (another process holds 700 of its 1024 MiB): a clear error.
   try {
-    MemoryPool big(cpu0, std::make_unique<SimulatedUpstream>(1024 * MiB), o);
+    MemoryPool big(cpu0, std::make_unique<SimulatedUpstream>(1024 * MiB, 324 * MiB), o);
     FAIL();
   } catch (const OutOfMemoryError& e) {
     EXPECT_NE(std::string(e.what()).find("could not preallocate"), std::string::npos);

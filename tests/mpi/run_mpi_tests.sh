@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The mpi-labelled tests: collectives over 2 processes x 2 replicas; 2 processes x 1 replica train
 # to the same bits as 1 process x 2 replicas; a rank that throws takes the job down within 30 s
-# with a message naming it. OpenMPI as root needs --allow-run-as-root; --oversubscribe lets
-# 2 processes share a 2-core machine with their helper threads; single-copy (CMA) is off because
+# with a message naming it; a rank that stops taking part is named by the one that times out.
+# OpenMPI as root needs --allow-run-as-root; --oversubscribe lets 2 processes share a 2-core machine with their helper threads; single-copy (CMA) is off because
 # containers often forbid the ptrace it needs.
 #   tests/mpi/run_mpi_tests.sh BUILD_DIR
 set -euo pipefail
@@ -39,3 +39,17 @@ grep -q "global rank 1" "$work/fail.log" || { echo "FAIL: no message naming rank
 grep -q "planted failure" "$work/fail.log" || { echo "FAIL: the cause is not reported"; cat "$work/fail.log"; exit 1; }
 [ "$elapsed" -le 30 ] || { echo "FAIL: took ${elapsed} s"; exit 1; }
 echo "job died in ${elapsed} s with exit code $rc, naming global rank 1"
+
+echo "== a stopped rank is named"
+start=$(date +%s)
+set +e
+timeout 60 "${mpirun[@]}" "$build/tests/test_mpi_collectives" --stall-rank 1 > "$work/stall.log" 2>&1
+rc=$?
+set -e
+elapsed=$(( $(date +%s) - start ))
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then echo "FAIL: exit code $rc"; cat "$work/stall.log"; exit 1; fi
+grep -q "process 1 (global rank 1) never reached it" "$work/stall.log" ||
+  { echo "FAIL: the stopped rank is not named"; cat "$work/stall.log"; exit 1; }
+[ "$elapsed" -le 30 ] || { echo "FAIL: took ${elapsed} s"; exit 1; }
+echo "job died in ${elapsed} s naming the stopped process:"
+grep "never reached" "$work/stall.log" | head -1

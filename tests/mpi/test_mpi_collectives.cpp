@@ -1,7 +1,7 @@
 // Collectives over MPI (label mpi): run under `mpirun -np 2` by tests/mpi/run_mpi_tests.sh, with
 // 2 CPU replicas per process, so every collective crosses both the in-process and the MPI level.
 // `--fail-rank N` instead makes global rank N throw mid-run (the script checks the job dies fast
-// with a message naming it).
+// with a message naming it); `--stall-rank N` makes it stop taking part (the others must name it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +16,7 @@ using namespace replica;
 using namespace replica::parallel;
 
 namespace {
-int g_fail_rank = -1;
+int g_fail_rank = -1, g_stall_rank = -1;
 float value(int rank, size_t i) { return std::sin(0.37f * static_cast<float>(i) + rank) * (rank + 1); }
 }  // namespace
 
@@ -88,11 +88,29 @@ TEST(Mpi, AFailingRankTakesTheJobDown) {
   FAIL() << "the job should have been aborted";
 }
 
+TEST(Mpi, AStoppedRankIsNamedByTheOthers) {
+  // Global rank N stops taking part (as under SIGSTOP): the others time out and name it.
+  if (g_stall_rank < 0) GTEST_SKIP() << "only with --stall-rank N";
+  GroupOptions o;
+  o.comm_timeout = std::chrono::seconds(3);
+  ReplicaGroup group(parse_devices("cpu:1"), o);
+  group.run([&](Replica& rep) {
+    for (int step = 0; step < 1000; ++step) {
+      if (rep.rank() == g_stall_rank && step == 3) std::this_thread::sleep_for(std::chrono::seconds(60));
+      float v = 1.f;
+      rep.psum(&v, 1);
+    }
+  });
+  FAIL() << "the job should have been aborted";
+}
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--fail-rank") g_fail_rank = std::atoi(argv[i + 1]);
+    else if (std::string(argv[i]) == "--stall-rank") g_stall_rank = std::atoi(argv[i + 1]);
   if (g_fail_rank >= 0) ::testing::GTEST_FLAG(filter) = "Mpi.AFailingRankTakesTheJobDown";
+  else if (g_stall_rank >= 0) ::testing::GTEST_FLAG(filter) = "Mpi.AStoppedRankIsNamedByTheOthers";
   else ::testing::GTEST_FLAG(filter) = "Mpi.EveryCollective*";
   int rc = RUN_ALL_TESTS();
   return rc;

@@ -224,6 +224,12 @@ TEST(Checkpoint, KillDuringAWriteLeavesThePreviousOneValid) {
   Checkpoint back = read_checkpoint(path);  // the old one or a complete new one, never a torn one
   EXPECT_TRUE(back.sections.at("params").size() == 1000 || back.sections.at("params").size() == (size_t(64) << 20));
   EXPECT_EQ(list_checkpoints(d).size(), 1u) << "leftover temporary files are not mistaken for checkpoints";
+  // The killed writer's temporary (step-00000001.ckpt.tmp.PID) goes at the next rotation.
+  const std::string tmp = path + ".tmp." + std::to_string(child);
+  if (std::filesystem::exists(tmp)) {
+    rotate_checkpoints(d, 3);
+    EXPECT_FALSE(std::filesystem::exists(tmp)) << "the dead writer's temporary is removed";
+  }
 }
 
 TEST(Checkpoint, RotationKeepsTheNewest) {

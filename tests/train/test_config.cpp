@@ -58,6 +58,13 @@ TEST(Config, ErrorsNameFileLineKeyAndSuggest) {
   EXPECT_HAS(error_of("memory:\n  fraction: 1.5\n"), "run.yaml:2: memory.fraction: 1.5 is not a memory fraction");
   EXPECT_HAS(error_of("memory:\n  mode: cuda_async\n"), "memory.mode: 'cuda_async' is not one of");
   EXPECT_HAS(error_of("memory:\n  bytes: lots\n"), "is not a size");
+  EXPECT_HAS(error_of("memory:\n  bytes: 1e30\n"), "run.yaml:2: memory.bytes: '1e30' is larger than any device");
+  EXPECT_HAS(error_of("", {"memory.bytes=1e30"}), "--set memory.bytes: '1e30' is larger than any device");
+  EXPECT_HAS(error_of("memory:\n  bytes: nan\n"), "is not a size");
+  // A mapping or list where a key belongs: named with file and line, not yaml-cpp's "bad conversion".
+  EXPECT_HAS(error_of("train:\n  {a: 1}: 2\n"), "run.yaml:2: train: a key must be a plain name, not a mapping");
+  EXPECT_HAS(error_of("? {a: 1}\n: 2\n"), "run.yaml:1: a key must be a plain name, not a mapping");
+  EXPECT_HAS(error_of("? [a, b]\n: 2\n"), "a key must be a plain name, not a list");
   EXPECT_HAS(error_of("parallel:\n  sync_bn: maybe\n"), "'maybe' is not a boolean");
   EXPECT_HAS(error_of("train: [1, 2\n"), "run.yaml:");
   EXPECT_HAS(error_of("optim:\n  schedule: step\n"), "optim.schedule: step needs optim.milestones");
