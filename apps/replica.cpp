@@ -5,12 +5,15 @@
 #include <filesystem>
 
 #include "apps/bench.h"
+#include "core/cuda/runtime.h"
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/memory_pool.h"
 #include "core/pools.h"
+#include "ops/cuda/cuda_backend.h"
 #include "parallel/mpi/mpi_communicator.h"
+#include "parallel/nccl/nccl_communicator.h"
 #include "train/checkpoint.h"
 #include "train/memplan.h"
 #include "train/model_io.h"
@@ -25,6 +28,9 @@ int cmd_devices(const std::string& config, const std::vector<std::string>& sets)
   std::string why;
   auto gpus = cuda_devices(&why);
   std::printf("CUDA: %s\n", cuda_compiled() ? "built in" : "not built (-DREPLICA_CUDA=OFF or no nvcc)");
+  if (cuda_compiled())
+    std::printf("  loaded: %s; %s; %s\n", cuda::runtime_versions().c_str(), ops::cuda_library_versions().c_str(),
+                parallel::nccl_version().c_str());
   if (gpus.empty()) std::printf("  no GPU: %s\n", why.c_str());
   for (auto& g : gpus) {
     PoolOptions o = default_pool_options(DeviceKind::cuda);

@@ -105,6 +105,13 @@ inline BFloat16 float_to_bf16(float f) {
 }
 inline float bf16_to_float(BFloat16 b) { return bits_float(static_cast<uint32_t>(b.bits) << 16); }
 
+// v as it would be stored in a float dtype t (rounded to nearest even for f16 / bf16).
+inline float round_to(float v, DType t) {
+  if (t == DType::f16) return half_to_float(float_to_half(v));
+  if (t == DType::bf16) return bf16_to_float(float_to_bf16(v));
+  return v;
+}
+
 // Element i of a buffer of dtype t, as a float.
 float load_as_float(const void* p, DType t, size_t i);
 

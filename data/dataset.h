@@ -77,6 +77,22 @@ class SubsetDataset : public Dataset {
 
 // Reads a whole file, gunzipping when it starts with the gzip magic. Throws IoError naming it.
 std::vector<uint8_t> read_file_maybe_gz(const std::string& path);
+// The same on bytes in memory: gunzipped when they start with the gzip magic, else returned as
+// they are. A stream that inflates past `limit` bytes is an error (a gzip bomb is not a data set).
+std::vector<uint8_t> maybe_gunzip(std::vector<uint8_t> raw, const std::string& source,
+                                  size_t limit = size_t(16) << 30);
+
+// The parsers behind the loaders, on bytes in memory (`source` names them in errors). Every
+// count in a header is checked, without overflow, against the bytes that are there.
+struct IdxImages {
+  uint32_t count = 0, rows = 0, cols = 0;
+  std::vector<uint8_t> pixels;  // count x rows x cols
+};
+IdxImages parse_idx_images(std::vector<uint8_t> bytes, const std::string& source);
+std::vector<int32_t> parse_idx_labels(const std::vector<uint8_t>& bytes, const std::string& source);
+// One CIFAR-10 binary batch: records of 1 label byte + 3072 planar RGB bytes; appends HWC images.
+void parse_cifar10_batch(const std::vector<uint8_t>& bytes, const std::string& source, std::vector<uint8_t>& images,
+                         std::vector<int32_t>& labels);
 
 // IDX pair (images idx3 + labels idx1), e.g. train-images-idx3-ubyte(.gz).
 std::unique_ptr<InMemoryDataset> load_idx(const std::string& images_path,

@@ -1,6 +1,9 @@
 // IDX and CIFAR readers, gzip via zlib, and the in-memory and synthetic datasets.
 #include <zlib.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -54,24 +57,35 @@ std::vector<uint8_t> read_file_maybe_gz(const std::string& path) {
                   "Debian's dataset-fashion-mnist package under /usr/share/datasets/fashion-mnist");
   }
   std::vector<uint8_t> raw((std::istreambuf_iterator<char>(in)), {});
+  return maybe_gunzip(std::move(raw), path);
+}
+
+std::vector<uint8_t> maybe_gunzip(std::vector<uint8_t> raw, const std::string& source, size_t limit) {
   if (raw.size() < 2 || raw[0] != 0x1f || raw[1] != 0x8b) return raw;
   z_stream zs{};
-  if (inflateInit2(&zs, 15 + 32) != Z_OK) throw IoError(path + ": zlib init failed");
-  std::vector<uint8_t> out(raw.size() * 4 + 1024);
+  if (inflateInit2(&zs, 15 + 32) != Z_OK) throw IoError(source + ": zlib init failed");
+  std::vector<uint8_t> out(std::min(limit, raw.size() * 4 + 1024));
   zs.next_in = raw.data();
-  zs.avail_in = static_cast<uInt>(raw.size());
+  zs.avail_in = static_cast<uInt>(std::min<size_t>(raw.size(), UINT32_MAX));
   int rc;
   do {
-    if (zs.total_out == out.size()) out.resize(out.size() * 2);
+    if (zs.total_out == out.size()) {
+      if (out.size() >= limit) {
+        inflateEnd(&zs);
+        throw IoError(source + ": inflates to more than " + std::to_string(limit) +
+                      " bytes; not a data set file");
+      }
+      out.resize(std::min(limit, out.size() * 2));
+    }
     zs.next_out = out.data() + zs.total_out;
-    zs.avail_out = static_cast<uInt>(out.size() - zs.total_out);
+    zs.avail_out = static_cast<uInt>(std::min<size_t>(out.size() - zs.total_out, UINT32_MAX));
     rc = inflate(&zs, Z_NO_FLUSH);
   } while (rc == Z_OK);
   size_t n = zs.total_out;
+  const std::string why = zs.msg ? zs.msg : "unexpected end";
   inflateEnd(&zs);
   if (rc != Z_STREAM_END)
-    throw IoError(path + ": corrupt or truncated gzip stream (" + (zs.msg ? zs.msg : "unexpected end") +
-                  "); re-download or reinstall the file");
+    throw IoError(source + ": corrupt or truncated gzip stream (" + why + "); re-download or reinstall the file");
   out.resize(n);
   return out;
 }
@@ -82,33 +96,45 @@ uint32_t be32(const std::vector<uint8_t>& b, size_t off) {
 }
 }  // namespace
 
+IdxImages parse_idx_images(std::vector<uint8_t> img, const std::string& source) {
+  if (img.size() < 16 || be32(img, 0) != 2051)
+    throw IoError(source + ": not an IDX image file (expected magic 2051 = 0x00000803 in the first 4 bytes)");
+  IdxImages r;
+  r.count = be32(img, 4), r.rows = be32(img, 8), r.cols = be32(img, 12);
+  // count x rows x cols in 64 bits can still wrap (three 32-bit factors): check each step.
+  const uint64_t pixels = uint64_t(r.rows) * r.cols;
+  const uint64_t have = img.size() - 16;
+  const bool fits = pixels == 0 ? have == 0 : (r.count <= have / pixels && uint64_t(r.count) * pixels == have);
+  if (!fits || r.rows == 0 || r.cols == 0)
+    throw IoError(source + ": truncated or oversized: header says " + std::to_string(r.count) + " images of " +
+                  std::to_string(r.rows) + "x" + std::to_string(r.cols) + " but the file has " +
+                  std::to_string(img.size()) + " bytes");
+  img.erase(img.begin(), img.begin() + 16);
+  r.pixels = std::move(img);
+  return r;
+}
+
+std::vector<int32_t> parse_idx_labels(const std::vector<uint8_t>& lab, const std::string& source) {
+  if (lab.size() < 8 || be32(lab, 0) != 2049)
+    throw IoError(source + ": not an IDX label file (expected magic 2049 = 0x00000801)");
+  const uint32_t n = be32(lab, 4);
+  if (lab.size() - 8 != n)
+    throw IoError(source + ": truncated or oversized: expected " + std::to_string(8 + uint64_t(n)) + " bytes, found " +
+                  std::to_string(lab.size()));
+  return std::vector<int32_t>(lab.begin() + 8, lab.end());
+}
+
 std::unique_ptr<InMemoryDataset> load_idx(const std::string& images_path, const std::string& labels_path,
                                           const std::string& name) {
-  auto img = read_file_maybe_gz(images_path);
-  if (img.size() < 16 || be32(img, 0) != 2051)
-    throw IoError(images_path + ": not an IDX image file (expected magic 2051 = 0x00000803 in the first 4 bytes)");
-  uint32_t n = be32(img, 4), rows = be32(img, 8), cols = be32(img, 12);
-  size_t want = 16 + size_t(n) * rows * cols;
-  if (img.size() != want)
-    throw IoError(images_path + ": truncated or oversized: header says " + std::to_string(n) + " images of " +
-                  std::to_string(rows) + "x" + std::to_string(cols) + " (" + std::to_string(want) +
-                  " bytes) but the file has " + std::to_string(img.size()) + " bytes");
-  auto lab = read_file_maybe_gz(labels_path);
-  if (lab.size() < 8 || be32(lab, 0) != 2049)
-    throw IoError(labels_path + ": not an IDX label file (expected magic 2049 = 0x00000801)");
-  uint32_t nl = be32(lab, 4);
-  if (nl != n)
-    throw IoError(labels_path + ": has " + std::to_string(nl) + " labels but " + images_path + " has " +
-                  std::to_string(n) + " images");
-  if (lab.size() != 8 + size_t(n))
-    throw IoError(labels_path + ": truncated: expected " + std::to_string(8 + n) + " bytes, found " +
-                  std::to_string(lab.size()));
-  std::vector<int32_t> labels(n);
+  IdxImages img = parse_idx_images(read_file_maybe_gz(images_path), images_path);
+  std::vector<int32_t> labels = parse_idx_labels(read_file_maybe_gz(labels_path), labels_path);
+  if (labels.size() != img.count)
+    throw IoError(labels_path + ": has " + std::to_string(labels.size()) + " labels but " + images_path + " has " +
+                  std::to_string(img.count) + " images");
   int32_t maxl = 0;
-  for (uint32_t i = 0; i < n; ++i) maxl = std::max<int32_t>(maxl, labels[i] = lab[8 + i]);
-  img.erase(img.begin(), img.begin() + 16);
-  return std::make_unique<InMemoryDataset>(name, Shape{rows, cols, 1}, std::max<int64_t>(10, maxl + 1),
-                                           std::move(img), std::move(labels));
+  for (int32_t l : labels) maxl = std::max(maxl, l);
+  return std::make_unique<InMemoryDataset>(name, Shape{img.rows, img.cols, 1}, std::max<int64_t>(10, maxl + 1),
+                                           std::move(img.pixels), std::move(labels));
 }
 
 std::unique_ptr<InMemoryDataset> load_mnist_dir(const std::string& dir, const std::string& split,
@@ -121,31 +147,33 @@ std::unique_ptr<InMemoryDataset> load_mnist_dir(const std::string& dir, const st
   return load_idx(pick(prefix + "-images-idx3-ubyte"), pick(prefix + "-labels-idx1-ubyte"), name + ":" + split);
 }
 
+void parse_cifar10_batch(const std::vector<uint8_t>& b, const std::string& f, std::vector<uint8_t>& images,
+                         std::vector<int32_t>& labels) {
+  constexpr size_t kRecord = 1 + 3072;
+  if (b.empty() || b.size() % kRecord != 0)
+    throw IoError(f + ": " + std::to_string(b.size()) + " bytes is not a whole number of CIFAR-10 records (" +
+                  std::to_string(kRecord) + " bytes each); the file is truncated or not CIFAR-10 binary");
+  for (size_t r = 0; r < b.size() / kRecord; ++r) {
+    const uint8_t* rec = b.data() + r * kRecord;
+    if (rec[0] > 9) throw IoError(f + ": record " + std::to_string(r) + " has label " + std::to_string(rec[0]) + " > 9");
+    labels.push_back(rec[0]);
+    // stored planar CHW (R plane, G plane, B plane): convert to HWC
+    size_t base = images.size();
+    images.resize(base + 3072);
+    for (int c = 0; c < 3; ++c)
+      for (int p = 0; p < 1024; ++p) images[base + p * 3 + c] = rec[1 + c * 1024 + p];
+  }
+}
+
 std::unique_ptr<InMemoryDataset> load_cifar10_dir(const std::string& dir, const std::string& split) {
   std::vector<std::string> files;
   if (split == "train")
     for (int i = 1; i <= 5; ++i) files.push_back(dir + "/data_batch_" + std::to_string(i) + ".bin");
   else
     files.push_back(dir + "/test_batch.bin");
-  constexpr size_t kRecord = 1 + 3072;
   std::vector<uint8_t> images;
   std::vector<int32_t> labels;
-  for (auto& f : files) {
-    auto b = read_file_maybe_gz(f);
-    if (b.empty() || b.size() % kRecord != 0)
-      throw IoError(f + ": " + std::to_string(b.size()) + " bytes is not a whole number of CIFAR-10 records (" +
-                    std::to_string(kRecord) + " bytes each); the file is truncated or not CIFAR-10 binary");
-    for (size_t r = 0; r < b.size() / kRecord; ++r) {
-      const uint8_t* rec = b.data() + r * kRecord;
-      if (rec[0] > 9) throw IoError(f + ": record " + std::to_string(r) + " has label " + std::to_string(rec[0]) + " > 9");
-      labels.push_back(rec[0]);
-      // stored planar CHW (R plane, G plane, B plane): convert to HWC
-      size_t base = images.size();
-      images.resize(base + 3072);
-      for (int c = 0; c < 3; ++c)
-        for (int p = 0; p < 1024; ++p) images[base + p * 3 + c] = rec[1 + c * 1024 + p];
-    }
-  }
+  for (auto& f : files) parse_cifar10_batch(read_file_maybe_gz(f), f, images, labels);
   return std::make_unique<InMemoryDataset>("cifar10:" + split, Shape{32, 32, 3}, 10, std::move(images), std::move(labels));
 }
 

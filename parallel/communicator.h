@@ -33,7 +33,13 @@ class Communicator {
   // all_reduce_host / all_gather_host (parallel/gradient_sync.h).
   virtual bool device_buffers() const { return false; }
 
-  // In place over `count` elements of `dtype` (f16/bf16 are reduced in f32).
+  // In place over `count` elements of `dtype`. f32 sums in f32 (avg: the sum, then / size()).
+  // 16-bit reductions (f16 / bf16) are 16-bit arithmetic on every communicator, as NCCL's ring
+  // does: avg multiplies each contribution by 1/size() first (NCCL's ncclAvg), and the running sum
+  // is rounded to the dtype after every addition. The order of the additions is rank order in a
+  // process, then process order (host and MPI communicators), or NCCL's ring order (GPUs), so
+  // results agree to within the rounding of size() - 1 16-bit additions, and exactly where those
+  // are exact. A 16-bit wire trades that rounding for half the bytes (parallel.grad_dtype).
   virtual WorkHandle all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op) = 0;
   virtual WorkHandle broadcast_async(void* data, size_t count, DType dtype, int root) = 0;
   // recv holds size() * count elements, rank r's contribution at r * count.

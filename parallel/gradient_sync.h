@@ -18,8 +18,8 @@ struct BucketOptions {
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
   // Dtype on the wire: f32, or f16/bf16 to halve the bytes (gradients are rounded into a
-  // staging buffer from `staging_pool`, tag comm, reduced in f32 by the communicator, and
-  // converted back).
+  // staging buffer from `staging_pool`, tag comm, averaged by the communicator in 16-bit
+  // arithmetic as NCCL does (communicator.h, all_reduce), and converted back to f32).
   DType wire = DType::f32;
   MemoryPool* staging_pool = nullptr;
   // Converts between the f32 gradients and the wire dtype. Host conversion when empty; a GPU

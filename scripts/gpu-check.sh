@@ -7,18 +7,47 @@
 # libraries come from the system or from Python's nvidia-* wheels) or from a source checkout with
 # the build dependencies (it then builds build-gpu itself). Budget: under 8 minutes on one H200.
 #   scripts/gpu-check.sh            (in a bundle folder or at the repository root)
+# It cannot pass by accident: it exits non-zero when no GPU is visible, when any phase fails, and
+# when any gpu test skips (except the checks that say they need two GPUs, listed as such). The
+# summary's first line is the verdict: "GPU CHECK PASSED" or "GPU CHECK FAILED: <phases>".
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 summary="${OUT:-/tmp}/gpu-summary.txt"
-: > "$summary"
-log() { echo "$*" | tee -a "$summary"; }
-phase() {  # phase NAME SECONDS command...
+body="$(mktemp)"
+failed=()
+log() { echo "$*" | tee -a "$body"; }
+phase() {  # phase NAME SECONDS command...   (a failing phase is recorded, the check goes on)
   local name="$1" limit="$2"; shift 2
   local t0=$(date +%s)
-  timeout "$limit" "$@" 2>&1 | tee -a "$summary" | tee "/tmp/phase-$name.log"
+  timeout "$limit" "$@" 2>&1 | tee -a "$body" | tee "/tmp/phase-$name.log"
   local rc=${PIPESTATUS[0]}
   last_rc=$rc
   log "## phase '$name': exit $rc, $(( $(date +%s) - t0 )) s (limit $limit s)"
+  [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
+}
+# A GoogleTest phase: also fails when a test skipped, unless its skip says it needs two GPUs.
+test_phase() {  # test_phase NAME SECONDS binary
+  phase "$@"
+  local name="$1" skips two
+  # gtest prints a skip's message between "[ RUN ]" and "[  SKIPPED ] Name (N ms)".
+  read -r skips two < <(awk '/^\[ RUN/ {msg = ""} {msg = msg $0 "\n"}
+      /^\[  SKIPPED \] [A-Za-z].*\([0-9]+ ms\)/ {if (msg ~ /needs two GPUs/) two++; else skips++}
+      END {print skips + 0, two + 0}' "/tmp/phase-$name.log")
+  if [ "$skips" -gt "$two" ]; then
+    failed+=("$name ($((skips - two)) test(s) skipped)")
+    log "## phase '$name': $((skips - two)) test(s) skipped: nothing may skip on a GPU machine"
+  fi
+  [ "$two" -gt 0 ] && log "## phase '$name': $two check(s) need two GPUs and did not run here"
+  return 0
+}
+finish() {  # the verdict first, then everything recorded
+  local verdict="GPU CHECK PASSED"
+  if [ ${#failed[@]} -gt 0 ]; then verdict="GPU CHECK FAILED: $(IFS=';'; echo "${failed[*]}")"; fi
+  { echo "$verdict"; cat "$body"; } > "$summary"
+  echo "$verdict"
+  rm -f "$body"
+  [ ${#failed[@]} -eq 0 ]
+  exit $?
 }
 last_rc=0
 
@@ -47,19 +76,29 @@ else
   tests="$root/build-gpu/tests"
 fi
 log "# replica gpu check on $(hostname), $(date -u)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$summary"
+if ! nvidia-smi >> "$body" 2>&1; then
+  failed+=("devices (nvidia-smi failed: no GPU or no driver)")
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | tee -a "$body"
+[ -r /proc/driver/nvidia/version ] && head -1 /proc/driver/nvidia/version | tee -a "$body"
 for b in "$bin/replica" "$tests/test_cuda_conformance"; do
   missing=$(ldd "$b" 2>/dev/null | grep "not found")
-  [ -n "$missing" ] && log "# $b cannot find: $missing"
+  [ -n "$missing" ] && { log "# $b cannot find: $missing"; failed+=("libraries ($b: $missing)"); }
 done
-# Which CUDA libraries the binaries resolved, and PyTorch's versions, for the record.
-ldd "$bin/replica" 2>/dev/null | grep -E "libcudnn|libcublas|libnccl|libcudart" | tee -a "$summary"
-python3 -c "import torch; print('# torch', torch.__version__, 'cuDNN', torch.backends.cudnn.version(), 'CUDA', torch.version.cuda)" 2>&1 | tee -a "$summary"
+# Which CUDA libraries the binaries resolved (files) and loaded (versions), and PyTorch's.
+ldd "$bin/replica" 2>/dev/null | grep -E "libcudnn|libcublas|libnccl|libcudart" | tee -a "$body"
+python3 -c "import torch; print('# torch', torch.__version__, 'cuDNN', torch.backends.cudnn.version(), 'CUDA', torch.version.cuda)" 2>&1 | tee -a "$body"
+# `replica devices` prints the driver, runtime, cuDNN, cuBLAS and NCCL versions actually loaded.
 phase devices 30 "$bin/replica" devices --devices cuda
-phase gpu-pool-tests 60 "$tests/test_core_gpu"
-phase nccl-tests 60 "$tests/test_nccl"
-phase input-stager 30 "$tests/test_input_stager"
-phase conformance 150 "$tests/test_cuda_conformance"
+if ! grep -qE '^  cuda:[0-9]' /tmp/phase-devices.log; then
+  failed+=("devices (no GPU visible to replica: $(grep -m1 'no GPU' /tmp/phase-devices.log))")
+  log "# no GPU is visible: nothing below can pass"
+  finish
+fi
+test_phase gpu-pool-tests 60 "$tests/test_core_gpu"
+test_phase nccl-tests 60 "$tests/test_nccl"
+test_phase input-stager 30 "$tests/test_input_stager"
+test_phase conformance 150 "$tests/test_cuda_conformance"
 # The command line end to end on the GPU: a short fp16 run of the default model on synthetic
 # images (the GPU machine has no Fashion-MNIST), with evaluation, checkpoint and model file.
 phase replica-train-gpu 90 "$bin/replica" train --devices cuda --run-dir /tmp/replica-gpu-run \
@@ -89,5 +128,7 @@ for prec in fp16 bf16; do
   else
     log "# ResNet-50 $prec: replica '${r:-none}' img/s, PyTorch '${t:-not run}' img/s"
   fi
+  [ -n "$r" ] || failed+=("replica-resnet50-$prec (no throughput)")
 done
 log "# done"
+finish

@@ -2,7 +2,9 @@
 # One entry point for a fresh Debian machine: installs the packages replica needs that are
 # missing, configures and builds, then either runs the default training job or the test suite.
 #   scripts/setup.sh --run    install, build, and run `replica train` (the default config)
-#   scripts/setup.sh --test   install, build with warnings as errors, and run every test
+#   scripts/setup.sh --test   install, build with warnings as errors, run every test; then the
+#                             sanitizer jobs: unit + integration under address/UB sanitizers
+#                             (clang), each fuzz target briefly, the threaded tests under tsan
 #   scripts/setup.sh          install and build only
 # CUDA code is compiled whenever nvcc is found (CUDA at /usr/local/cuda or on PATH), GPU or not.
 set -euo pipefail
@@ -13,6 +15,8 @@ case "$mode" in --run|--test|build) ;; *) echo "usage: scripts/setup.sh [--run|-
 
 packages=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev libyaml-cpp-dev googletest libgtest-dev
           libbenchmark-dev zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
+# The sanitizer and fuzz jobs of --test: Debian's clang with its libFuzzer runtime, and bc for the fuzz table.
+[ "$mode" = "--test" ] && packages+=(clang libclang-rt-14-dev bc)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,10 +34,33 @@ if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda
 fi
 
 jobs="$(nproc)"
+phase() {  # name, then the command; prints how long each CI phase took
+  local name="$1" t0=$SECONDS; shift
+  echo "setup: == $name"
+  "$@"
+  echo "setup: == $name: $((SECONDS - t0)) s"
+}
 if [ "$mode" = "--test" ]; then
-  cmake --preset ci
-  cmake --build build -j "$jobs"
-  ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+  phase "build (ci preset, warnings as errors)" cmake --preset ci
+  phase "build" cmake --build build -j "$jobs"
+  phase "tests" ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+  # Address + undefined-behaviour sanitizers (clang; the fuzz targets share the build): the unit
+  # and integration labels (the mpi and gpu labels run in the normal build above). Trimmed for
+  # time: the two tests that train on the real Fashion-MNIST for accuracy (10 and 5 minutes
+  # under ASan on 2 cores) run in the normal build only; their code paths are the synthetic
+  # runs' that stay in.
+  phase "asan: configure" cmake --preset asan
+  phase "asan: build" cmake --build build-asan -j "$jobs"
+  phase "asan: unit + integration" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900 -L "unit|integration" \
+      -E "^(MixedPrecision.Fp16AndBf16TrackFp32OnFashionMnist|Cli.TrainsAndTheLossFallsThenEvaluates)$"
+  phase "fuzz: every reader, 20000 executions each" tests/fuzz/run.sh 20000
+  # Thread sanitizer on the code with threads in it: the host communicator, gradient sync,
+  # replica groups (test_parallel) and the multi-worker loader (test_data).
+  phase "tsan: configure" cmake --preset tsan
+  phase "tsan: build" cmake --build build-tsan -j "$jobs" --target test_parallel test_data
+  phase "tsan: communicator, gradient sync, replica group, loader" env TSAN_OPTIONS=halt_on_error=1 \
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|Sharding|Loader|Readers)"
 elif [ "$mode" = "--run" ]; then
   cmake --preset default
   cmake --build build -j "$jobs" --target replica

@@ -1,5 +1,6 @@
 // Built instead of core/cuda/runtime.cu when CUDA is off: no devices, and a clear error if a
 // CUDA device is asked for anyway.
+#include "core/cuda/device_guard.h"
 #include "core/cuda/runtime.h"
 #include "core/errors.h"
 
@@ -17,6 +18,7 @@ namespace {
 }
 }  // namespace
 
+std::string runtime_versions() { return "CUDA: not built"; }
 std::vector<DeviceInfo> discover(std::string* why) {
   if (why) *why = "replica was built without CUDA (-DREPLICA_CUDA=OFF or no nvcc found)";
   return {};
@@ -29,6 +31,10 @@ void copy_async(void*, const void*, size_t, Stream&) { not_built(); }
 void memset_zero(void*, size_t, Stream*) { not_built(); }
 void set_device(int) { not_built(); }
 bool is_device_pointer(const void*) { return false; }
+const DeviceApi& runtime_device_api() {
+  static const DeviceApi api{[]() -> int { not_built(); }, [](int) { not_built(); }};
+  return api;
+}
 
 }  // namespace cuda
 }  // namespace replica

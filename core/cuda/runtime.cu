@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/cuda/check.h"
+#include "core/cuda/device_guard.h"
 #include "core/cuda/runtime.h"
 
 namespace replica {
@@ -14,6 +15,29 @@ bool cuda_compiled() { return true; }
 std::vector<DeviceInfo> cuda_devices(std::string* why) { return cuda::discover(why); }
 
 namespace cuda {
+
+namespace {
+int runtime_get_device() {
+  int d = 0;
+  REPLICA_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+void runtime_set_device(int d) { REPLICA_CUDA_CHECK(cudaSetDevice(d)); }
+}  // namespace
+
+const DeviceApi& runtime_device_api() {
+  static const DeviceApi api{runtime_get_device, runtime_set_device};
+  return api;
+}
+
+std::string runtime_versions() {
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  auto v = [](int x) { return x ? std::to_string(x / 1000) + "." + std::to_string(x % 1000 / 10) : std::string("none"); };
+  return "CUDA driver " + v(driver) + ", runtime " + v(runtime) +
+         (driver && runtime > driver ? " (the runtime is newer than the driver: no GPU will work)" : "");
+}
 
 std::vector<DeviceInfo> discover(std::string* why) {
   std::vector<DeviceInfo> out;
@@ -25,6 +49,9 @@ std::vector<DeviceInfo> discover(std::string* why) {
     return out;
   }
   if (n == 0 && why) *why = "no CUDA device is present (cudaGetDeviceCount returned 0)";
+  if (n == 0) return out;
+  // cudaMemGetInfo needs each device current in turn; the caller's device is restored after.
+  DeviceGuard restore(0);
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
@@ -56,12 +83,12 @@ namespace {
 class DeviceUpstream : public Upstream {
  public:
   explicit DeviceUpstream(int index) : index_(index) {
-    REPLICA_CUDA_CHECK(cudaSetDevice(index_));
+    DeviceGuard g(index_);
     size_t free_b = 0;
     REPLICA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_));
   }
   void* allocate(size_t bytes) override {
-    cudaSetDevice(index_);
+    DeviceGuard g(index_);
     void* p = nullptr;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
       cudaGetLastError();
@@ -70,7 +97,7 @@ class DeviceUpstream : public Upstream {
     return p;
   }
   void deallocate(void* p, size_t) override {
-    cudaSetDevice(index_);
+    DeviceGuard g(index_);
     cudaFree(p);
   }
   size_t total_memory() const override { return total_; }
@@ -109,13 +136,17 @@ class CudaEvent : public Event {
 class CudaStream : public Stream {
  public:
   explicit CudaStream(Device d) : device_(d) {
-    REPLICA_CUDA_CHECK(cudaSetDevice(d.index));
+    DeviceGuard g(d.index);
     REPLICA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
   }
-  ~CudaStream() override { cudaStreamDestroy(s_); }
+  ~CudaStream() override {
+    DeviceGuard g(device_.index);
+    cudaStreamDestroy(s_);
+  }
   const Device& device() const override { return device_; }
   void synchronize() override { REPLICA_CUDA_CHECK(cudaStreamSynchronize(s_)); }
   std::shared_ptr<Event> record() override {
+    DeviceGuard g(device_.index);  // an event must be created on its stream's device
     auto e = std::make_shared<CudaEvent>();
     REPLICA_CUDA_CHECK(cudaEventRecord(e->e_, s_));
     return e;

@@ -13,6 +13,8 @@
 
 namespace replica::cuda {
 
+// "CUDA driver 13.0 (supports runtime up to), runtime 13.0": what this process loaded.
+std::string runtime_versions();
 // Visible devices; empty (with the reason in *why) when none.
 std::vector<DeviceInfo> discover(std::string* why);
 // cudaMalloc / cudaFree on one device; total_memory is the device's total (not free) memory.

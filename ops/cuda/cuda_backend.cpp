@@ -65,6 +65,16 @@ cudaStream_t stream() {
 // TF32 for f32 convolutions and GEMMs (PyTorch's default for cuDNN convolutions) only when asked:
 // f32 runs are the ones compared against the CPU backend.
 bool allow_tf32() { return env_flag("REPLICA_ALLOW_TF32"); }
+// cuDNN's math type per storage dtype, chosen deliberately (cuDNN 9's cudnnMathType_t):
+//  - f16 / bf16: CUDNN_TENSOR_OP_MATH (tensor cores; accumulation stays f32 by the descriptor);
+//  - f32 with TF32 allowed: CUDNN_DEFAULT_MATH, which on Ampere and later lets cuDNN use TF32
+//    tensor cores for f32 data (what PyTorch does with allow_tf32). Not ..._ALLOW_CONVERSION:
+//    that one may also down-convert f32 tensors to f16 / bf16, which nobody asked for;
+//  - f32 without TF32: CUDNN_FMA_MATH, true f32 arithmetic (what the CPU backend is held to).
+cudnnMathType_t conv_math_type(DType dt, bool tf32) {
+  if (dt != DType::f32) return CUDNN_TENSOR_OP_MATH;
+  return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
 // Only algorithms that give bit-identical results run to run (no atomics in backward filter).
 bool deterministic() { return env_flag("REPLICA_DETERMINISTIC"); }
 // "find" (default): time every algorithm once per shape, like cudnn.benchmark; "heuristic":
@@ -211,9 +221,7 @@ ConvPlan& plan_for(ThreadState& ts, const ConvGeom& g, DType dt) {
                                                  as_int(g.P, "conv"), as_int(g.Q, "conv")));
   REPLICA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NHWC, as_int(g.K, "conv"), as_int(g.C, "conv"),
                                                  as_int(g.R, "conv"), as_int(g.S, "conv")));
-  const cudnnMathType_t math = dt != DType::f32 ? CUDNN_TENSOR_OP_MATH
-                               : allow_tf32()   ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
-                                                : CUDNN_FMA_MATH;
+  const cudnnMathType_t math = conv_math_type(dt, allow_tf32());
   for (auto& c : p->conv) {
     REPLICA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c));
     // Cross-correlation, as PyTorch and the CPU backend; accumulation in f32 for every storage type.
@@ -406,7 +414,8 @@ class CudaBackend final : public Backend {
     float* b = a + C;
     REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, (2 * C + 1) * sizeof(double), s));
     // One pass for both moments, shifted by the running mean (identical on every replica under
-    // sync-BN: all of them update it from the same global statistics).
+    // sync-BN: all of them update it from the same global statistics), or by 0 where the running
+    // mean is not finite (kernels.cu, bn_shift).
     cuk::bn_shifted_moments(dp(x), M, C, running_mean.data<float>(), acc, s);
     cuk::set_double(acc + C, static_cast<double>(M), s);
     reduce(acc, f, 2 * C + 1, allreduce, s);  // one reduction for sums, count and squares
@@ -693,6 +702,22 @@ class CudaBackend final : public Backend {
 Backend& cuda_backend() {
   static CudaBackend backend;
   return backend;
+}
+
+std::string cuda_library_versions() {
+  // cudnnGetVersion is the library that was loaded, CUDNN_VERSION the header it was built with.
+  const size_t v = cudnnGetVersion();
+  std::string out = "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+                    std::to_string(v % 100) + " (built with " + std::to_string(CUDNN_MAJOR) + "." +
+                    std::to_string(CUDNN_MINOR) + "." + std::to_string(CUDNN_PATCHLEVEL) + ")";
+  int cublas = 0;
+  if (cublasGetProperty(MAJOR_VERSION, &cublas) == CUBLAS_STATUS_SUCCESS) {
+    int minor = 0, patch = 0;
+    cublasGetProperty(MINOR_VERSION, &minor);
+    cublasGetProperty(PATCH_LEVEL, &patch);
+    out += ", cuBLAS " + std::to_string(cublas) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  }
+  return out;
 }
 
 }  // namespace replica::ops

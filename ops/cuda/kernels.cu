@@ -247,11 +247,20 @@ __device__ __forceinline__ double2 channel_row_sums(int64_t M, int C, int c, Ter
   return t;
 }
 
+// The shift of the one-pass moments: the running mean (close to the batch mean, so the f32
+// partial sums keep their digits; the same on every replica under sync-BN, so the shifted sums
+// can be added across replicas), or 0 where it is not finite: one overflowed running mean must
+// not turn every later training-mode output of its channel into NaN.
+__device__ __forceinline__ float bn_shift(const float* shift, int c) {
+  const float k = shift ? shift[c] : 0.f;
+  return isfinite(k) ? k : 0.f;
+}
+
 __global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, double* acc) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   double2 t = make_double2(0.0, 0.0);
   if (c < C) {
-    const float k0 = shift ? shift[c] : 0.f;
+    const float k0 = bn_shift(shift, c);
     t = channel_row_sums(M, C, c, [&](int64_t i) {
       const float d = ld(x.p, x.dt, i) - k0;
       return make_float2(d, d * d);
@@ -299,8 +308,8 @@ __global__ void k_bn_finalize(const double* acc, int C, DPtr gamma, DPtr beta, f
                               float* si, float* rm, float* rv, float* a, float* b) {
   GRID_STRIDE(c, C) {
     const double Mg = acc[C];
-    const double d1 = acc[c] / Mg;  // mean - shift
-    const double mean = rm[c] + d1;  // the shift was the running mean, read before it moves
+    const double d1 = acc[c] / Mg;           // mean - shift
+    const double mean = bn_shift(rm, c) + d1;  // the shift k_bn_moments used, read before rm moves
     const double var = fmax(acc[C + 1 + c] / Mg - d1 * d1, 0.0);
     const double inv = 1.0 / sqrt(var + eps);
     const float g = ld(gamma.p, gamma.dt, c), be = ld(beta.p, beta.dt, c);

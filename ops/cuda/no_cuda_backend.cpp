@@ -12,4 +12,6 @@ Backend& cuda_backend() {
       "train on CPU replicas with --devices cpu:N");
 }
 
+std::string cuda_library_versions() { return "cuDNN/cuBLAS: not built"; }
+
 }  // namespace replica::ops

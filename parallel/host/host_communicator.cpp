@@ -201,16 +201,20 @@ class HostCommunicator : public Communicator {
         else
           for (size_t i = 0; i < n; ++i) out[i] += sr[i];
       }
+      if (op == ReduceOp::avg)
+        for (size_t i = 0; i < n; ++i) out[i] /= static_cast<float>(R);
     } else {
-      for (size_t i = 0; i < n; ++i) out[i] = load_as_float(srcs[0], dt, lo + i);
+      // 16 bits on the wire are 16-bit arithmetic, as NCCL's ring does it: avg multiplies each
+      // contribution by 1/R first (NCCL's ncclAvg), and the running sum is rounded to the wire
+      // dtype after every addition, here in rank order (communicator.h, "16-bit reductions").
+      const float pre = op == ReduceOp::avg ? 1.f / static_cast<float>(R) : 1.f;
+      auto term = [&](int r, size_t i) { return round_to(load_as_float(srcs[r], dt, lo + i) * pre, dt); };
+      for (size_t i = 0; i < n; ++i) out[i] = op == ReduceOp::max ? load_as_float(srcs[0], dt, lo + i) : term(0, i);
       for (int r = 1; r < R; ++r)
-        for (size_t i = 0; i < n; ++i) {
-          float v = load_as_float(srcs[r], dt, lo + i);
-          out[i] = op == ReduceOp::max ? std::max(out[i], v) : out[i] + v;
-        }
+        for (size_t i = 0; i < n; ++i)
+          out[i] = op == ReduceOp::max ? std::max(out[i], load_as_float(srcs[r], dt, lo + i))
+                                       : round_to(out[i] + term(r, i), dt);
     }
-    if (op == ReduceOp::avg)
-      for (size_t i = 0; i < n; ++i) out[i] /= static_cast<float>(R);
   }
 
   void run(const Slot& s) {

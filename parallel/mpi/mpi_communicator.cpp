@@ -65,6 +65,30 @@ namespace {
 
 MPI_Datatype mpi_float() { return MPI_FLOAT; }
 
+// 16-bit sums across processes with the running sum rounded to the dtype after each addition:
+// NCCL's semantics (communicator.h), so an MPI run reduces 16-bit wires as a GPU run does.
+template <DType T>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float x, y;
+    convert(&a[i], T, &x, DType::f32, 1);
+    convert(&b[i], T, &y, DType::f32, 1);
+    const float z = x + y;
+    convert(&z, DType::f32, &b[i], T, 1);
+  }
+}
+MPI_Op sum16_op(DType t) {
+  static MPI_Op f16 = MPI_OP_NULL, bf16 = MPI_OP_NULL;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_Op_create(&sum16<DType::f16>, 1, &f16);
+    MPI_Op_create(&sum16<DType::bf16>, 1, &bf16);
+  });
+  return t == DType::f16 ? f16 : bf16;
+}
+
 // Arrival tracking between process leaders: before collective #k, a leader sends k to every
 // peer; it keeps one receive posted per peer and records the highest k each peer reached. When a
 // collective times out, the peers whose last k is below ours are the ones that never arrived
@@ -182,6 +206,7 @@ class MpiCommunicator : public Communicator {
   void all_reduce(void* d, size_t n, DType t, ReduceOp op) override {
     serial([&] {
       if (t == DType::i32 || t == DType::u8) throw CommError("all_reduce: integer dtypes are not reducible");
+      if ((t == DType::f16 || t == DType::bf16) && op != ReduceOp::max) return all_reduce16(d, n, t, op);
       std::vector<float> staging;
       float* p = static_cast<float*>(d);
       if (t != DType::f32) {
@@ -203,6 +228,29 @@ class MpiCommunicator : public Communicator {
       if (t != DType::f32) convert(p, DType::f32, d, t, n);
     });
   }
+  // 16-bit sum / avg: avg pre-multiplies every contribution by 1/size() (rounded, as ncclAvg),
+  // then a 16-bit sum in rank order inside the process and a 16-bit sum across processes.
+  void all_reduce16(void* d, size_t n, DType t, ReduceOp op) {
+    auto* h = static_cast<uint16_t*>(d);
+    if (op == ReduceOp::avg) {
+      const float pre = 1.f / static_cast<float>(size());
+      for (size_t i = 0; i < n; ++i) {
+        float v;
+        convert(&h[i], t, &v, DType::f32, 1);
+        v *= pre;
+        convert(&v, DType::f32, &h[i], t, 1);
+      }
+    }
+    local_->all_reduce(d, n, t, ReduceOp::sum);
+    if (li_ == 0 && proc_.size > 1) {
+      MPI_Request req;
+      start();
+      MPI_Iallreduce(MPI_IN_PLACE, d, static_cast<int>(n), MPI_UINT16_T, sum16_op(t), MPI_COMM_WORLD, &req);
+      wait(req, "all_reduce");
+    }
+    local_->broadcast(d, n, t, 0);
+  }
+
   void broadcast(void* d, size_t n, DType t, int root) override {
     serial([&] {
       if (root < 0 || root >= size()) throw CommError("broadcast: root " + std::to_string(root) + " is not a rank");

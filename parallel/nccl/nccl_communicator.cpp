@@ -4,12 +4,16 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "core/cuda/check.h"
+#include "core/cuda/device_guard.h"
 #include "core/errors.h"
+#include "parallel/comm_clique.h"
 #include "parallel/mpi/mpi_communicator.h"
 
 #ifdef REPLICA_WITH_MPI
@@ -19,6 +23,13 @@
 namespace replica::parallel {
 
 bool nccl_compiled() { return true; }
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "NCCL: version unknown";
+  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9
+  return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
 
 namespace {
 
@@ -50,37 +61,79 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// The NCCL side of a CommClique: the process's communicators of one group, aborted together and
+// destroyed together (ncclCommFinalize of all inside one group, then ncclCommDestroy of each:
+// with one thread owning several ranks, finalizing them one by one would wait forever).
+struct NcclClique {
+  std::vector<ncclComm_t> comms;
+  std::vector<int> devices;
+  std::shared_ptr<CommClique> state;
+  bool across_processes = false;  // other processes hold ranks too: an abort takes the MPI job down
+  NcclClique(std::vector<ncclComm_t> c, std::vector<int> d) : comms(std::move(c)), devices(std::move(d)) {
+    state = std::make_shared<CommClique>(
+        static_cast<int>(comms.size()),
+        CommClique::Backend{[this](int m) {
+                              cuda::DeviceGuard g(devices[m]);
+                              ncclCommAbort(comms[m]);
+                            },
+                            [this](const std::vector<int>& ms) {
+                              REPLICA_NCCL_CHECK(ncclGroupStart());
+                              for (int m : ms) {
+                                cuda::DeviceGuard g(devices[m]);
+                                REPLICA_NCCL_CHECK(ncclCommFinalize(comms[m]));
+                              }
+                              REPLICA_NCCL_CHECK(ncclGroupEnd());
+                              for (int m : ms) {
+                                cuda::DeviceGuard g(devices[m]);
+                                REPLICA_NCCL_CHECK(ncclCommDestroy(comms[m]));
+                              }
+                            }});
+  }
+};
+
 class NcclWork : public Work {
  public:
-  NcclWork(ncclComm_t comm, cudaEvent_t ev, int rank, std::chrono::milliseconds timeout, const char* what)
-      : comm_(comm), ev_(ev), rank_(rank), timeout_(timeout), what_(what) {}
-  ~NcclWork() override { cudaEventDestroy(ev_); }
+  NcclWork(ncclComm_t comm, cudaEvent_t ev, std::shared_ptr<CommClique> clique, int rank,
+           std::chrono::milliseconds timeout, const char* what)
+      : comm_(comm), ev_(ev), clique_(std::move(clique)), rank_(rank), timeout_(timeout), what_(what) {}
+  // The event belongs to the communicator's ring of events (not destroyed here).
   bool done() override { return cudaEventQuery(ev_) == cudaSuccess; }
   void wait() override {
     const auto t0 = std::chrono::steady_clock::now();
-    for (;;) {
+    const std::string what = std::string("NCCL ") + what_;
+    for (int spin = 0;; ++spin) {
       cudaError_t q = cudaEventQuery(ev_);
       if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) throw CudaError(std::string("NCCL ") + what_ + " on rank " + std::to_string(rank_) + ": " + cudaGetErrorString(q));
+      // Another replica failed and aborted the clique: fail now, not at the time-out.
+      clique_->check(rank_, what);
+      if (q != cudaErrorNotReady) {
+        const std::string why = what + " on rank " + std::to_string(rank_) + ": " + cudaGetErrorString(q);
+        clique_->abort(why);
+        throw CudaError(why);
+      }
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess) {
-        ncclCommAbort(comm_);
-        throw CommError("NCCL " + std::string(what_) + " failed on rank " + std::to_string(rank_) + ": " +
-                        ncclGetErrorString(async) + " (communicator aborted)");
+        const std::string why = what + " failed on rank " + std::to_string(rank_) + ": " + ncclGetErrorString(async);
+        clique_->abort(why);
+        throw CommError(why + " (communicators aborted)");
       }
       if (std::chrono::steady_clock::now() - t0 > timeout_) {
-        ncclCommAbort(comm_);
-        throw CommError("NCCL " + std::string(what_) + " on rank " + std::to_string(rank_) + " timed out after " +
-                        std::to_string(timeout_.count() / 1000.0) + " s (communicator aborted)");
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%.1f", timeout_.count() / 1000.0);
+        const std::string why = what + " on rank " + std::to_string(rank_) + " timed out after " + secs + " s";
+        clique_->abort(why);
+        throw CommError(why + " (communicators aborted)");
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      // Spin briefly (collectives of a step finish in microseconds to milliseconds), then yield.
+      if (spin > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
  private:
   ncclComm_t comm_;
   cudaEvent_t ev_;
+  std::shared_ptr<CommClique> clique_;
   int rank_;
   std::chrono::milliseconds timeout_;
   const char* what_;
@@ -88,80 +141,94 @@ class NcclWork : public Work {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int device, int rank, int world, cudaStream_t compute, NcclOptions o)
-      : comm_(comm), device_(device), rank_(rank), world_(world), compute_(compute), o_(o) {
-    REPLICA_CUDA_CHECK(cudaSetDevice(device_));
+  NcclCommunicator(std::shared_ptr<NcclClique> clique, int member, int rank, int world, cudaStream_t compute,
+                   NcclOptions o)
+      : clique_(std::move(clique)), comm_(clique_->comms[member]), device_(clique_->devices[member]), rank_(rank),
+        world_(world), compute_(compute), o_(o) {
+    cuda::DeviceGuard g(device_);
     REPLICA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     REPLICA_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+    // Preallocated events: one to order the comm stream after compute, a ring for completions
+    // (a collective's Work is waited on long before kEvents later ones are issued).
+    REPLICA_CUDA_CHECK(cudaEventCreateWithFlags(&after_compute_, cudaEventDisableTiming));
+    for (auto& e : done_) REPLICA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~NcclCommunicator() override {
-    cudaSetDevice(device_);
+    cuda::DeviceGuard g(device_);
+    if (!clique_->state->aborted()) cudaStreamSynchronize(stream_);
+    for (auto& e : done_) cudaEventDestroy(e);
+    cudaEventDestroy(after_compute_);
     cudaFree(scratch_);
     cudaStreamDestroy(stream_);
-    if (!aborted_) ncclCommDestroy(comm_);
+    // The communicator itself is finalized and destroyed with the others of its clique.
   }
   int rank() const override { return rank_; }
   int size() const override { return world_; }
   std::string name() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
-  void abort(const std::string&) override {
-    if (!aborted_) ncclCommAbort(comm_);
-    aborted_ = true;
+  // Aborts every communicator of this process's group (NCCL needs all ranks aborted); later
+  // calls on any of them are CommErrors naming their rank.
+  void abort(const std::string& why) override {
+    clique_->state->abort(why);
+    // Ranks in other processes cannot be aborted from here: end the job, naming this rank, so
+    // they fail now instead of waiting out parallel.timeout_s (as the MPI communicator does).
+    if (clique_->across_processes) abort_mpi_job("global rank " + std::to_string(rank_) + ": " + why);
   }
 
   WorkHandle all_reduce_async(void* d, size_t n, DType t, ReduceOp op) override {
-    begin();
+    begin("all_reduce");
     REPLICA_NCCL_CHECK(ncclAllReduce(d, d, n, nccl_type(t), nccl_op(op), comm_, stream_));
     return end("all_reduce");
   }
   WorkHandle broadcast_async(void* d, size_t n, DType t, int root) override {
     if (root < 0 || root >= world_) throw CommError("broadcast: root " + std::to_string(root) + " is not a rank");
-    begin();
+    begin("broadcast");
     REPLICA_NCCL_CHECK(ncclBroadcast(d, d, n, nccl_type(t), root, comm_, stream_));
     return end("broadcast");
   }
   WorkHandle all_gather_async(const void* s, void* r, size_t n, DType t) override {
-    begin();
+    begin("all_gather");
     REPLICA_NCCL_CHECK(ncclAllGather(s, r, n, nccl_type(t), comm_, stream_));
     return end("all_gather");
   }
   WorkHandle reduce_scatter_async(const void* s, void* r, size_t n, DType t, ReduceOp op) override {
-    begin();
+    begin("reduce_scatter");
     REPLICA_NCCL_CHECK(ncclReduceScatter(s, r, n, nccl_type(t), nccl_op(op), comm_, stream_));
     return end("reduce_scatter");
   }
   WorkHandle barrier_async() override {
-    begin();
+    begin("barrier");
     REPLICA_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
     return end("barrier");
   }
 
  private:
-  // Orders the collective after the replica's compute work (data produced there).
-  void begin() {
-    if (aborted_) throw CommError("NCCL communicator of rank " + std::to_string(rank_) + " was aborted");
-    REPLICA_CUDA_CHECK(cudaSetDevice(device_));
+  // Orders the collective after the replica's compute work (data produced there): a stream wait
+  // on a preallocated event, no host synchronisation.
+  void begin(const char* what) {
+    clique_->state->check(rank_, std::string("NCCL ") + what);
+    cuda::DeviceGuard g(device_);
     if (compute_) {
-      cudaEvent_t e;
-      REPLICA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      REPLICA_CUDA_CHECK(cudaEventRecord(e, compute_));
-      REPLICA_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
-      cudaEventDestroy(e);
+      REPLICA_CUDA_CHECK(cudaEventRecord(after_compute_, compute_));
+      REPLICA_CUDA_CHECK(cudaStreamWaitEvent(stream_, after_compute_, 0));
     }
   }
   WorkHandle end(const char* what) {
-    cudaEvent_t e;
-    REPLICA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaEvent_t e = done_[next_++ % kEvents];
     REPLICA_CUDA_CHECK(cudaEventRecord(e, stream_));
-    return std::make_shared<NcclWork>(comm_, e, rank_, o_.timeout, what);
+    return std::make_shared<NcclWork>(comm_, e, clique_->state, rank_, o_.timeout, what);
   }
 
+  static constexpr int kEvents = 64;
+  std::shared_ptr<NcclClique> clique_;
   ncclComm_t comm_;
   int device_, rank_, world_;
   cudaStream_t compute_, stream_ = nullptr;
   NcclOptions o_;
   float* scratch_ = nullptr;
-  bool aborted_ = false;
+  cudaEvent_t after_compute_ = nullptr;
+  cudaEvent_t done_[kEvents] = {};
+  uint64_t next_ = 0;
 };
 
 }  // namespace
@@ -191,18 +258,25 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
     ncclUniqueId id;
     if (proc == 0) REPLICA_NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    REPLICA_NCCL_CHECK(ncclGroupStart());
-    for (int i = 0; i < local; ++i) {
-      REPLICA_CUDA_CHECK(cudaSetDevice(devices[i].index));
-      REPLICA_NCCL_CHECK(ncclCommInitRank(&comms[i], world, id, proc * local + i));
+    {
+      cuda::DeviceGuard restore(devices[0].index);  // the caller's device is back afterwards
+      REPLICA_NCCL_CHECK(ncclGroupStart());
+      for (int i = 0; i < local; ++i) {
+        REPLICA_CUDA_CHECK(cudaSetDevice(devices[i].index));
+        REPLICA_NCCL_CHECK(ncclCommInitRank(&comms[i], world, id, proc * local + i));
+      }
+      REPLICA_NCCL_CHECK(ncclGroupEnd());
     }
-    REPLICA_NCCL_CHECK(ncclGroupEnd());
 #endif
   }
+  std::vector<int> ids(local);
+  for (int i = 0; i < local; ++i) ids[i] = devices[i].index;
+  auto clique = std::make_shared<NcclClique>(comms, ids);
+  clique->across_processes = procs > 1;
   std::vector<std::unique_ptr<Communicator>> out;
   for (int i = 0; i < local; ++i) {
     cudaStream_t s = i < static_cast<int>(streams.size()) && streams[i] ? static_cast<cudaStream_t>(streams[i]->native()) : nullptr;
-    out.push_back(std::make_unique<NcclCommunicator>(comms[i], devices[i].index, proc * local + i, world, s, o));
+    out.push_back(std::make_unique<NcclCommunicator>(clique, i, proc * local + i, world, s, o));
   }
   return out;
 }

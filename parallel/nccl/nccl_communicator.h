@@ -17,6 +17,8 @@
 namespace replica::parallel {
 
 bool nccl_compiled();
+// The NCCL version this process loaded ("NCCL 2.28.9"), or "NCCL: not built".
+std::string nccl_version();
 
 struct NcclOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};

@@ -1,12 +1,16 @@
 // Integration: the `replica` binary trains a small model for a few steps (the loss falls), writes
-// its run directory, evaluates the saved model, and reports bad input with exit code 2.
+// its run directory, evaluates the saved model, reports bad input with exit code 2, and survives
+// kill -9 at random moments with resume giving the straight run's model file.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
+#include <random>
 #include <regex>
+#include <thread>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -209,4 +213,76 @@ TEST(Cli, ASecondSignalExitsAtOnce) {
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << out;
   EXPECT_NE(out.find("second signal, exiting now"), std::string::npos) << out;
+}
+
+// kill -9 at seeded random moments (mid-step, mid-evaluation, mid-checkpoint write), resuming
+// after each, must end with the model file a straight run writes, byte for byte: with default
+// settings (evaluation and a checkpoint after every epoch), nothing lost and nothing changed.
+TEST(Cli, KilledAtRandomMomentsAndResumedEqualsAStraightRun) {
+  const std::string base = ::testing::TempDir() + "/cli_kill9";
+  std::filesystem::remove_all(base);
+  std::vector<std::string> common = {"train", "--devices", "cpu:2"};
+  for (const char* s : {"model.width=4", "data.dataset=synthetic", "data.synthetic_shape=[8,8,1]",
+                        "data.synthetic_size=512", "data.mean=[0.5]", "data.std=[0.25]", "train.global_batch=32",
+                        "train.epochs=12", "train.log_every=1000"}) {
+    common.push_back("--set");
+    common.push_back(s);
+  }
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {kBin};
+    a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [st, out] = reap(spawn(with({"--run-dir", base + "/straight"}), base + ".straight.log"), base + ".straight.log");
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  const double straight_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const std::string dir = base + "/killed";
+  constexpr int64_t kTotalSteps = 12 * 512 / 32;  // epochs x steps per epoch
+  std::mt19937 rng(20261201);
+  int kills = 0, attempts = 0;
+  for (;; ++attempts) {
+    ASSERT_LT(attempts, 40) << "no progress after 40 attempts";
+    // The newest checkpoint's step (file names are zero-padded, so the largest name is newest).
+    int64_t done = 0;
+    if (std::filesystem::exists(dir + "/checkpoints"))
+      for (auto& e : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind("step-", 0) == 0 && n.size() == 18 && n.substr(13) == ".ckpt") done = std::max<int64_t>(done, std::stoll(n.substr(5, 8)));
+      }
+    const bool have = done > 0;
+    std::vector<std::string> extra = {"--run-dir", dir};
+    if (have) extra.insert(extra.end(), {"--resume", dir});
+    const std::string log = base + ".attempt" + std::to_string(attempts) + ".log";
+    pid_t pid = spawn(with(extra), log);
+    // Until 10 kills have landed, each attempt is killed at a random moment within what a straight
+    // run would take for the steps left (start-up, steps, evaluations, checkpoint writes); then
+    // one attempt runs to the end. An attempt may still finish first: the test then ends there.
+    if (kills < 10) {
+      // Half of that: a sanitizer build's start-up is a larger share of its run.
+      const double left = 0.5 * straight_ms * (1.0 - static_cast<double>(done) / kTotalSteps);
+      const int ms = std::uniform_int_distribution<int>(10, std::max(60, static_cast<int>(left)))(rng);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      kill(pid, SIGKILL);
+    }
+    auto [s, o] = reap(pid, log);
+    if (WIFEXITED(s)) {
+      ASSERT_EQ(WEXITSTATUS(s), 0) << o;
+      break;  // finished before the kill landed
+    }
+    ASSERT_TRUE(WIFSIGNALED(s) && WTERMSIG(s) == SIGKILL) << o;
+    kills++;
+  }
+  std::printf("%d kills over %d attempts (straight run %.0f ms)\n", kills, attempts + 1, straight_ms);
+  EXPECT_GE(kills, 3) << "the kills must land, or the test shows nothing";
+  auto bytes = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  const std::string want = bytes(base + "/straight/model.bin");
+  ASSERT_FALSE(want.empty());
+  EXPECT_TRUE(bytes(dir + "/model.bin") == want) << "the killed-and-resumed run's model.bin differs from the straight run's";
+  for (auto& e : std::filesystem::directory_iterator(dir + "/checkpoints"))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "a killed writer's temporary was left: " << e.path();
 }

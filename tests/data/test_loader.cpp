@@ -184,6 +184,33 @@ TEST(Readers, BadFilesNameTheFileAndTheProblem) {
   EXPECT_NE(error_of([] { load_cifar10_dir(tmp("cifar"), "test"); }).find("not a whole number"), std::string::npos);
 }
 
+TEST(Readers, CraftedHeadersAndBombsAreNamedErrors) {
+  // 2^32 - 1 images of 2^16 x 2^16 pixels: the 64-bit product wraps; must not be taken as 4 bytes.
+  auto header = [](uint32_t n, uint32_t r, uint32_t c) {
+    std::vector<uint8_t> b = {0, 0, 8, 3};
+    for (uint32_t v : {n, r, c})
+      for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
+    return b;
+  };
+  auto wrap = header(0xFFFFFFFFu, 0x10000u, 0x10000u);
+  wrap.resize(wrap.size() + 4, 1);
+  EXPECT_NE(error_of([&] { parse_idx_images(wrap, "wrap"); }).find("wrap: truncated or oversized"), std::string::npos);
+  auto zero = header(3, 0, 5);
+  EXPECT_NE(error_of([&] { parse_idx_images(zero, "zero"); }).find("zero:"), std::string::npos) << "0-pixel images";
+  std::vector<uint8_t> lab = {0, 0, 8, 1, 0xFF, 0xFF, 0xFF, 0xFF, 1, 2};
+  EXPECT_NE(error_of([&] { parse_idx_labels(lab, "lab"); }).find("lab: truncated"), std::string::npos);
+  // A gzip stream that inflates past the limit.
+  std::vector<uint8_t> big(1 << 20, 0);
+  gzFile gz = gzopen(tmp("bomb.gz").c_str(), "wb9");
+  gzwrite(gz, big.data(), static_cast<unsigned>(big.size()));
+  gzclose(gz);
+  std::ifstream in(tmp("bomb.gz"), std::ios::binary);
+  std::vector<uint8_t> bomb((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(error_of([&] { maybe_gunzip(bomb, "bomb.gz", 64 << 10); }).find("bomb.gz: inflates to more than"),
+            std::string::npos);
+  EXPECT_EQ(maybe_gunzip(bomb, "bomb.gz").size(), big.size()) << "under the default limit it inflates";
+}
+
 TEST(Readers, FashionMnistFromDebian) {
   const std::string dir = "/usr/share/datasets/fashion-mnist";
   if (!std::filesystem::exists(dir + "/t10k-images-idx3-ubyte.gz"))

@@ -42,7 +42,7 @@ TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
           ASSERT_NEAR(b[i], want, 1e-4) << reduce_op_name(op) << " n=" << n << " i=" << i;
         }
       }
-      // f16 / bf16, summed in f32
+      // f16 / bf16: small integers, exact in 16 bits
       for (DType dt : {DType::f16, DType::bf16}) {
         std::vector<float> f(n, static_cast<float>(r + 1));
         std::vector<uint16_t> h(n);
@@ -50,6 +50,18 @@ TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
         c.all_reduce(h.data(), n, dt, ReduceOp::sum);
         convert(h.data(), dt, f.data(), DType::f32, n);
         ASSERT_EQ(f[n - 1], static_cast<float>(world * (world + 1) / 2)) << dtype_name(dt);
+      }
+      // 16-bit arithmetic at every addition, as NCCL (communicator.h): ranks 0..3 hold 2048, 1,
+      // 0, 1. In process 0, 2048 + 1 rounds to 2048 (f16 spacing 2); process 1 sums to 1; across
+      // processes 2048 + 1 rounds to 2048 again. f32 arithmetic would give 2050.
+      if (world == 4) {
+        const float v[4] = {2048.f, 1.f, 0.f, 1.f};
+        uint16_t h;
+        convert(&v[r], DType::f32, &h, DType::f16, 1);
+        c.all_reduce(&h, 1, DType::f16, ReduceOp::sum);
+        float back;
+        convert(&h, DType::f16, &back, DType::f32, 1);
+        ASSERT_EQ(back, 2048.f) << "16-bit sums round at every addition";
       }
       // broadcast from a rank in the other process
       std::vector<float> b(n, static_cast<float>(r));

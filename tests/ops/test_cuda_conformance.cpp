@@ -191,6 +191,34 @@ TEST_P(CudaConformance, BatchNorm) {
   }
 }
 
+// A non-finite running mean (one fp16 overflow is enough) must not change training-mode outputs,
+// which normalise by the batch's own statistics, on either backend (kernels.cu, bn_shift).
+TEST_P(CudaConformance, NonFiniteRunningMeanLeavesTrainingOutputs) {
+  const DType dt = GetParam();
+  const Shape sh{8, 7, 7, 12};
+  const int64_t C = sh[3];
+  auto xv = randv(sh.numel(), 21, -2.f, 3.f), gv = randv(C, 22, 0.5f, 1.5f), bv = randv(C, 23);
+  auto finite = randv(C, 24), rv = randv(C, 25, 0.5f, 2.f);
+  std::vector<float> bad = finite;
+  bad[0] = std::numeric_limits<float>::quiet_NaN();
+  bad[1] = std::numeric_limits<float>::infinity();
+  bad[2] = -std::numeric_limits<float>::infinity();
+  for (Side* s : {cpu.get(), gpu.get()}) {
+    Tensor x = s->put(xv, sh, dt), gamma = s->put(gv, {C}, dt), beta = s->put(bv, {C}, dt);
+    Tensor y[2];
+    int i = 0;
+    for (const auto* rm : {&finite, &bad}) {
+      y[i] = s->empty(sh, dt);
+      Tensor m = s->empty({C}), inv = s->empty({C}), rmt = s->put(*rm, {C}), rvt = s->put(rv, {C});
+      s->be->batchnorm_forward_train(x, gamma, beta, y[i], m, inv, rmt, rvt, 0.1f, 1e-5f, nullptr, false);
+      i++;
+    }
+    auto a = host_floats(y[0]), b = host_floats(y[1]);
+    ASSERT_TRUE(replica::testing::all_finite(b)) << s->be->name() << ": a NaN running mean reached the outputs";
+    EXPECT_LE(replica::testing::max_rel_diff(b, a), tol(dt)) << s->be->name();
+  }
+}
+
 TEST_P(CudaConformance, ElementwisePoolingLinearLoss) {
   const DType dt = GetParam();
   const Shape sh{2, 9, 9, 6};

@@ -53,7 +53,9 @@ struct CollCase {
 class AllReduce : public ::testing::TestWithParam<CollCase> {};
 
 TEST_P(AllReduce, SumAvgMaxAllDtypes) {
-  auto [world, count] = GetParam();
+  // Plain variables, not a structured binding: lambdas capture them (clang 14 cannot capture bindings).
+  const int world = GetParam().world;
+  const size_t count = GetParam().count;
   auto comms = make_host_communicators(world);
   std::vector<std::vector<float>> results(world);
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
@@ -72,30 +74,58 @@ TEST_P(AllReduce, SumAvgMaxAllDtypes) {
     }
     for (int r = 1; r < world; ++r) EXPECT_EQ(results[r], results[0]) << "rank " << r << " differs";
   }
-  // 16-bit types: summed in f32, rounded once
+  // 16-bit types: 16-bit arithmetic as NCCL does it (communicator.h): each value as stored, the
+  // running sum rounded after every addition in rank order; exactly that, on every rank.
   for (DType dt : {DType::f16, DType::bf16}) {
-    std::vector<std::vector<float>> got(world);
-    on_ranks(comms, [&](int r, Communicator& c) {
-      std::vector<float> f(count);
-      for (size_t i = 0; i < count; ++i) f[i] = value(r, i);
-      std::vector<uint16_t> h(count);
-      convert(f.data(), DType::f32, h.data(), dt, count);
-      c.all_reduce(h.data(), count, dt, ReduceOp::sum);
-      got[r] = to_float(h, dt);
-    });
-    for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 97)) {
-      double want = 0;
-      for (int r = 0; r < world; ++r) {
-        uint16_t h;
-        float f = value(r, i), back;
-        convert(&f, DType::f32, &h, dt, 1);
-        convert(&h, dt, &back, DType::f32, 1);
-        want += back;
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      std::vector<std::vector<float>> got(world);
+      on_ranks(comms, [&](int r, Communicator& c) {
+        std::vector<float> f(count);
+        for (size_t i = 0; i < count; ++i) f[i] = value(r, i);
+        std::vector<uint16_t> h(count);
+        convert(f.data(), DType::f32, h.data(), dt, count);
+        c.all_reduce(h.data(), count, dt, op);
+        got[r] = to_float(h, dt);
+      });
+      const float pre = op == ReduceOp::avg ? 1.f / static_cast<float>(world) : 1.f;
+      int64_t wrong = 0;
+      for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 97)) {
+        float want = 0;
+        for (int r = 0; r < world; ++r) {
+          const float term = round_to(round_to(value(r, i), dt) * pre, dt);
+          want = r == 0 ? term : round_to(want + term, dt);
+        }
+        wrong += got[0][i] != want;
       }
-      EXPECT_NEAR(got[0][i], want, std::abs(want) * (dt == DType::bf16 ? 8e-3 : 1e-3) + 1e-3);
+      EXPECT_EQ(wrong, 0) << dtype_name(dt) << " " << reduce_op_name(op);
+      for (int r = 1; r < world; ++r) EXPECT_EQ(got[r], got[0]);
     }
-    for (int r = 1; r < world; ++r) EXPECT_EQ(got[r], got[0]);
   }
+}
+
+TEST(AllReduce, SixteenBitSumsRoundAtEveryAdditionAsNcclDoes) {
+  // f16 spacing at 2048 is 2: 2048 + 1 rounds back to 2048 (ties to even) at each hop, where an
+  // f32 sum would give 2050. The host communicator pins NCCL's 16-bit semantics on a CPU.
+  auto comms = make_host_communicators(3);
+  std::vector<float> got(3);
+  on_ranks(comms, [&](int r, Communicator& c) {
+    const float v = r == 0 ? 2048.f : 1.f;
+    uint16_t h;
+    convert(&v, DType::f32, &h, DType::f16, 1);
+    c.all_reduce(&h, 1, DType::f16, ReduceOp::sum);
+    convert(&h, DType::f16, &got[r], DType::f32, 1);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(got[r], 2048.f) << "rank " << r << " (f32 arithmetic would give 2050)";
+  // avg pre-multiplies (ncclAvg): 65504 (f16's largest) + 65504 would overflow before a division.
+  auto two = make_host_communicators(2);
+  on_ranks(two, [&](int r, Communicator& c) {
+    const float v = 65504.f;
+    uint16_t h;
+    convert(&v, DType::f32, &h, DType::f16, 1);
+    c.all_reduce(&h, 1, DType::f16, ReduceOp::avg);
+    convert(&h, DType::f16, &got[r], DType::f32, 1);
+  });
+  EXPECT_EQ(got[0], 65504.f) << "the average of two maxima is finite";
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, AllReduce,
