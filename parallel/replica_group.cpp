@@ -170,9 +170,11 @@ void ReplicaGroup::run(const std::function<void(Replica&)>& fn) {
     std::rethrow_exception(errors_[who]);
   } catch (const std::exception& e) {
     const int global = replicas_[who]->rank_;
-    throw ReplicaError(global, "replica " + std::to_string(global) + " (" +
-                                   (processes_ > 1 ? "process " + std::to_string(process_rank_) + ", " : std::string()) +
-                                   replicas_[who]->device_.str() + "): " + e.what());
+    throw ReplicaError(global,
+                       "replica " + std::to_string(global) + " (" +
+                           (processes_ > 1 ? "process " + std::to_string(process_rank_) + ", " : std::string()) +
+                           replicas_[who]->device_.str() + "): " + e.what(),
+                       errors_[who]);
   }
 }
 

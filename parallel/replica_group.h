@@ -4,6 +4,7 @@
 // communicator (so the others stop instead of hanging) and surfaces in the caller with its rank.
 #pragma once
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -46,14 +47,30 @@ class Replica {
   std::unique_ptr<Communicator> comm_;
 };
 
-// A failure in one replica, with its rank.
+// A failure in one replica, with its rank and the original exception (its type and fields
+// survive the crossing from the replica thread: an out-of-memory stays an OutOfMemoryError).
 class ReplicaError : public Error {
  public:
-  ReplicaError(int rank, const std::string& msg) : Error(msg), rank_(rank) {}
+  ReplicaError(int rank, const std::string& msg, std::exception_ptr cause = nullptr)
+      : Error(msg), rank_(rank), cause_(std::move(cause)) {}
   int rank() const { return rank_; }
+  std::exception_ptr cause() const { return cause_; }
+  // The original exception when it is an E (e.g. OutOfMemoryError), else null.
+  template <class E>
+  const E* cause_as() const {
+    if (!cause_) return nullptr;
+    try {
+      std::rethrow_exception(cause_);
+    } catch (const E& e) {
+      return &e;  // the exception object lives as long as cause_ holds it
+    } catch (...) {
+    }
+    return nullptr;
+  }
 
  private:
   int rank_;
+  std::exception_ptr cause_;
 };
 
 struct GroupOptions {

@@ -9,6 +9,7 @@
 #include "core/pools.h"
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
+#include "train/factory.h"
 #include "train/trainer.h"
 
 namespace replica::train {
@@ -30,17 +31,9 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
   if (gpu) cuda::set_device(device.index);
   auto pool = make_pool(gpu ? device : Device{DeviceKind::cpu, 0}, po);
   const DType dt = parse_dtype(cfg.train.precision);
-  auto model = models::make_resnet({.arch = cfg.model.arch, .in_channels = sample[2], .num_classes = classes,
-                                    .height = sample[0], .width = sample[1], .base_width = cfg.model.width,
-                                    .checkpoint_every = cfg.model.checkpoint_every});
+  auto model = make_model(cfg, sample, classes);
   model->materialize(*pool, 0, dt);
-  std::unique_ptr<optim::Optimizer> opt;
-  if (cfg.optim.name == "adamw")
-    opt = std::make_unique<optim::AdamW>(model->registry(), model->num_params(), *pool, optim::AdamWOptions{});
-  else if (cfg.optim.name == "lars")
-    opt = std::make_unique<optim::Lars>(model->registry(), model->num_params(), *pool, optim::LarsOptions{});
-  else
-    opt = std::make_unique<optim::Sgd>(model->registry(), model->num_params(), *pool, optim::SgdOptions{});
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg.optim, *model, *pool);
   Tensor comm;
   if (cfg.parallel.grad_dtype != "fp32")
     comm = Tensor::empty(*pool, model->grads().shape(), parse_dtype(cfg.parallel.grad_dtype), MemTag::comm);

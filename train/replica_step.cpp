@@ -60,7 +60,7 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   micro_seen_++;
 }
 
-StepStatus ReplicaStep::apply(float lr) {
+StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   if (micro_seen_ != o_.accumulation)
     throw Error("ReplicaStep::apply after " + std::to_string(micro_seen_) + " micro-steps; expected " +
                 std::to_string(o_.accumulation));
@@ -76,9 +76,13 @@ StepStatus ReplicaStep::apply(float lr) {
                                                     format_bytes(static_cast<size_t>(b.hi - b.lo) * 4) + ")",
                            o_.timeline->from_steady(b.launched_ns), o_.timeline->from_steady(b.done_ns), "comm");
   }
-  float sums[3] = {static_cast<float>(loss_sum_), static_cast<float>(correct_), static_cast<float>(count_)};
-  if (rep_.world() > 1) rep_.psum(sums, 3);
+  // One small reduction: the metrics and the stop vote (a signal reaches replicas at slightly
+  // different moments; the sum makes them agree).
+  float sums[4] = {static_cast<float>(loss_sum_), static_cast<float>(correct_), static_cast<float>(count_),
+                   stop_requested ? 1.f : 0.f};
+  if (rep_.world() > 1) rep_.psum(sums, 4);
   StepStatus st;
+  st.stop = sums[3] > 0;
   st.samples = static_cast<int64_t>(sums[2]);
   st.loss = sums[0] / sums[2];
   st.accuracy = sums[1] / sums[2];

@@ -38,6 +38,7 @@ struct StepStatus {
   float lr = 0;
   float scale = 1;        // loss scale (1 in fp32)
   int64_t samples = 0;    // global batch size
+  bool stop = false;      // some replica was asked to stop (a signal): the same on every replica
 };
 
 struct EvalSums {
@@ -66,7 +67,9 @@ class ReplicaStep {
   // Forward, loss, backward on one micro-batch; `last` starts the gradient all-reduce.
   void micro_step(const Tensor& images, const Tensor& labels, bool last);
   // Waits for the all-reduce, reduces the metrics, checks the loss, updates the parameters.
-  StepStatus apply(float lr);
+  // `stop_requested` is this replica's stop vote; it travels in the metrics' reduction (one
+  // collective for loss, accuracy, count and the vote) and comes back as StepStatus::stop.
+  StepStatus apply(float lr, bool stop_requested = false);
   // Forward in eval mode; returns this replica's sums (the caller reduces across replicas).
   EvalSums eval_batch(const Tensor& images, const Tensor& labels);
 

@@ -22,6 +22,9 @@
 #include "ops/cpu/threads.h"
 #include "ops/models/resnet.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_policy.h"
+#include "train/factory.h"
+#include "train/metrics_sink.h"
 #include "train/memplan.h"
 #include "train/model_io.h"
 #include "train/signals.h"
@@ -50,12 +53,6 @@ std::shared_ptr<data::Dataset> make_dataset(const DataConfig& d, const std::stri
 
 namespace {
 
-std::string json_num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[32];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
 
 PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {
   PoolOptions o = default_pool_options(kind);  // device default, then REPLICA_* environment
@@ -126,10 +123,6 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   for (double m : cfg_.optim.milestones) sched_.milestones.push_back(std::llround(m * spe));
   optim::validate(sched_);
 
-  models::ResNetConfig mc{.arch = cfg_.model.arch, .in_channels = s[2], .num_classes = train_->classes(),
-                          .height = s[0], .width = s[1], .base_width = cfg_.model.width,
-                          .zero_init_residual = cfg_.model.zero_init_residual,
-                          .checkpoint_every = cfg_.model.checkpoint_every};
   const DType compute = parse_dtype(cfg_.train.precision);
   if (!opts_.trace.empty()) {
     timeline_ = std::make_unique<Timeline>();
@@ -147,43 +140,13 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.local_index()];
     if (rep.device().kind == DeviceKind::cpu) ops::set_intra_op_threads(cfg_.parallel.intra_op_threads);
-    st.model = models::make_resnet(mc);
+    st.model = make_model(cfg_, s, train_->classes());
     st.model->materialize(rep.pool(), cfg_.train.seed, compute);
     // Same seed everywhere already; the broadcast makes "rank 0's weights" a guarantee.
     parallel::broadcast_from_root(rep.comm(), st.model->params());
     parallel::broadcast_from_root(rep.comm(), st.model->buffers());
-    const auto& oc = cfg_.optim;
-    if (oc.name == "adamw") {
-      st.opt = std::make_unique<optim::AdamW>(
-          st.model->registry(), st.model->num_params(), rep.pool(),
-          optim::AdamWOptions{static_cast<float>(oc.beta1), static_cast<float>(oc.beta2), static_cast<float>(oc.eps),
-                              static_cast<float>(oc.weight_decay), oc.no_decay_bn_bias});
-    } else if (oc.name == "lars") {
-      st.opt = std::make_unique<optim::Lars>(
-          st.model->registry(), st.model->num_params(), rep.pool(),
-          optim::LarsOptions{static_cast<float>(oc.momentum), static_cast<float>(oc.weight_decay),
-                             static_cast<float>(oc.trust_coefficient)});
-    } else {
-      optim::SgdOptions so{.momentum = static_cast<float>(oc.momentum),
-                           .nesterov = oc.nesterov,
-                           .weight_decay = static_cast<float>(oc.weight_decay),
-                           .decoupled = oc.decoupled_weight_decay,
-                           .no_decay_bn_bias = oc.no_decay_bn_bias};
-      st.opt = std::make_unique<optim::Sgd>(st.model->registry(), st.model->num_params(), rep.pool(), so);
-    }
-    const auto& tc = cfg_.train;
-    const bool scale = tc.loss_scale == "dynamic" || (tc.loss_scale == "auto" && tc.precision == "fp16") ||
-                       (tc.loss_scale != "auto" && tc.loss_scale != "off" && tc.loss_scale != "dynamic");
-    if (scale) {
-      optim::LossScalerOptions lo;
-      lo.dynamic = tc.loss_scale == "dynamic" || tc.loss_scale == "auto";
-      lo.init_scale = static_cast<float>(lo.dynamic ? tc.loss_scale_init : std::stod(tc.loss_scale));
-      lo.growth_interval = tc.loss_scale_growth_interval;
-      lo.min_scale = static_cast<float>(tc.loss_scale_min);
-      lo.hysteresis = static_cast<int>(tc.loss_scale_hysteresis);
-      lo.max_floor_overflows = tc.loss_scale_max_floor_overflows;
-      st.scaler = std::make_unique<optim::DynamicLossScaler>(lo);
-    }
+    st.opt = make_optimizer(cfg_.optim, *st.model, rep.pool());
+    st.scaler = make_loss_scaler(cfg_.train);
     StepOptions so;
     so.accumulation = accumulation_;
     so.micro_batch = micro_;
@@ -191,7 +154,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     so.bn_frozen = cfg_.model.freeze_bn;
     so.activations = compute;
     so.scaler = st.scaler.get();
-    so.clip_grad_norm = oc.clip_grad_norm;
+    so.clip_grad_norm = cfg_.optim.clip_grad_norm;
     so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
     so.timeline = timeline_.get();
     st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
@@ -217,7 +180,15 @@ std::string Trainer::checkpoint_dir() const {
 }
 
 
-std::string Trainer::save_checkpoint(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch) {
+void Trainer::save_checkpoint(parallel::Replica& rep, FitLoop& loop, CheckpointPolicy& checkpoints,
+                              int64_t global_step, int64_t epoch, int64_t step_in_epoch) {
+  checkpoints.saved(global_step);
+  const std::string path = write_checkpoint_file(rep, global_step, epoch, step_in_epoch);
+  if (rep.rank() == 0) loop.result.last_checkpoint = path;
+}
+
+std::string Trainer::write_checkpoint_file(parallel::Replica& rep, int64_t global_step, int64_t epoch,
+                                           int64_t step_in_epoch) {
   // Every replica's batch-norm statistics, gathered to all (they live in other processes under MPI).
   Tensor& mine = states_[rep.local_index()].model->buffers();
   const std::vector<float> all_buffers = rep.all_gather(mine.data<float>(), static_cast<size_t>(mine.numel()));
@@ -411,11 +382,6 @@ Trainer::~Trainer() {
   }
 }
 
-void Trainer::log_line(const std::string& json) {
-  if (metrics_path_.empty()) return;
-  std::ofstream out(metrics_path_, std::ios::app);
-  out << json << '\n';
-}
 
 namespace {
 // Runs fn() with this replica's batch-norm running statistics replaced by their average over the
@@ -475,250 +441,194 @@ EvalResult Trainer::evaluate() {
   return r;
 }
 
+// ---- the fit loop ---------------------------------------------------------------------------
+//
+// fit() opens the run directory, runs fit_replica on every replica (pmap style) and reports;
+// fit_replica is the loop: per step train_step (micro-steps, all-reduce, update, the stop vote),
+// the replica check, checkpoints by the CheckpointPolicy, metrics to the sinks; per epoch the
+// evaluation; at the end the final checkpoint and the model file.
+
 FitResult Trainer::fit() {
-  const int R = replicas();
   const int64_t spe = sharding_->steps_per_epoch();
   const int64_t epochs = (total_steps_ + spe - 1) / spe;
-  const bool tty = opts_.print && isatty(STDOUT_FILENO);
-  std::string run_dir = cfg_.train.run_dir;
-  std::unique_ptr<TensorBoardWriter> tb;
-  std::unique_ptr<DirectoryLock> run_lock;
-  if (group_->lead_process()) {  // only global rank 0's process writes the run directory
-    std::filesystem::create_directories(run_dir);
-    // One writer per run directory: a second `replica train` on it is refused, naming this PID.
-    run_lock = std::make_unique<DirectoryLock>(run_dir, "a replica train writing this run directory");
-    // Temporaries of a writer killed mid-write (write_file_atomic) are removed, not left to pile up.
-    for (const std::string& dir : {run_dir, checkpoint_dir()})
-      for (const std::string& f : remove_stale_temporaries(dir)) log_info("removed ", f, " (left by a killed writer)");
-    write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
-    metrics_path_ = run_dir + "/metrics.jsonl";
-    // A resumed run appends to its metrics; a fresh one starts them anew.
-    if (resumed_from_.empty()) std::ofstream(metrics_path_, std::ios::trunc).close();
-    if (cfg_.train.tensorboard) tb = std::make_unique<TensorBoardWriter>(run_dir);
-  }
-  if (opts_.print) {
-    std::vector<Device> local;  // what parallel.devices (e.g. auto) resolved to in this process
-    for (int i = 0; i < group_->size(); ++i) local.push_back(group_->replica(i).device());
-    std::printf("replica: %s on %s (%d replica%s, %s), %s\n", states_[0].model->summary().c_str(),
-                devices_str(local).c_str(), R, R > 1 ? "s" : "",
-                group_->replica(0).pool().describe().c_str(),
-                train_->name().c_str());
-    std::printf("replica: global batch %ld = micro-batch %ld x %d accumulation step%s x %d replica%s; %ld steps "
-                "(%ld per epoch); %s lr %.4g %s; %s\n",
-                (long)cfg_.train.global_batch, (long)micro_, accumulation_, accumulation_ > 1 ? "s" : "", R,
-                R > 1 ? "s" : "", (long)total_steps_, (long)spe, cfg_.optim.name.c_str(), sched_.base_lr,
-                sched_.kind.c_str(),
-                cfg_.train.precision == "fp32"
-                    ? "fp32"
-                    : (cfg_.train.precision + " activations, fp32 master weights" +
-                       (states_[0].scaler ? std::string(", loss scale ") + std::to_string((int64_t)states_[0].scaler->scale()) +
-                                                (states_[0].scaler->options().dynamic ? " (dynamic)" : " (static)")
-                                          : std::string(", no loss scaling")))
-                          .c_str());
-    std::fflush(stdout);
-  }
-  FitResult result;
-  auto t_start = Clock::now();
-  double train_seconds = 0;
+  FitLoop loop{CheckpointPolicy(cfg_.checkpoint, checkpoint_dir(), spe), epochs, {}, {}, 0};
+  std::unique_ptr<DirectoryLock> lock;
+  if (group_->lead_process()) lock = open_run_directory(loop.sinks);  // rank 0's process writes it
+  print_start();
+  const auto t_start = Clock::now();
   try {
-  group_->run([&](parallel::Replica& rep) {
-    auto& st = states_[rep.local_index()];
-    const bool lead = rep.rank() == 0;
-    int64_t global_step = start_global_step_;
-    int64_t last_saved = -1;
-    bool stop = false;
-    auto t_window = Clock::now();
-    int64_t window_images = 0;
-    double window_loss = 0, window_acc = 0;
-    int window_steps = 0;
-    for (int64_t epoch = start_epoch_; epoch < epochs && global_step < total_steps_ && !stop; ++epoch) {
-      auto t_epoch = Clock::now();
-      const int64_t first = epoch == start_epoch_ ? start_step_in_epoch_ : 0;
-      st.loader->begin_epoch(epoch, first);
-      st.inputs->clear();
-      auto next_batch = [&] {
-        Timeline::Scope wait(timeline_.get(), 2 * rep.rank(), "data wait", "data");
-        return st.loader->next();
-      };
-      for (int64_t s = first; s < spe && global_step < total_steps_; ++s) {
-        rep.pool().set_step(global_step);
-        // memory.step_plan: the second step of the run is recorded, later ones are served.
-        const int64_t nth = global_step - start_global_step_;
-        const bool plan = cfg_.memory.step_plan && rep.device().kind == DeviceKind::cpu;
-        if (plan && nth == 1) rep.pool().plan_record_begin();
-        if (plan && nth >= 2) rep.pool().plan_step_begin();
-        st.step->zero_grad();
-        for (int k = 0; k < accumulation_; ++k) {
-          if (st.inputs->empty()) st.inputs->push(next_batch());
-          auto [images, labels] = st.inputs->front();
-          // The next micro-batch of this epoch starts its copy now, overlapping this one's compute.
-          const bool more = k + 1 < accumulation_ || (s + 1 < spe && global_step + 1 < total_steps_);
-          if (st.inputs->ahead() && more) st.inputs->push(next_batch());
-          st.step->micro_step(images, labels, k == accumulation_ - 1);
-          st.inputs->pop();
-        }
-        // The schedule advances with applied steps only: a skipped (overflowing) step leaves it.
-        StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()));
-        if (plan && nth == 1) rep.pool().plan_record_end();
-        if (plan && nth >= 2) rep.pool().plan_step_end();
-        global_step++;
-        if (cfg_.parallel.check_every && global_step % cfg_.parallel.check_every == 0)
-          parallel::check_replicas_agree(rep.comm(), st.model->params(), global_step);
-        // A signal reaches replicas at slightly different moments: agree on it through a sum.
-        float stop_vote = stop_requested() ? 1.f : 0.f;
-        if (rep.world() > 1) rep.psum(&stop_vote, 1);
-        stop = stop_vote > 0;
-        const int64_t next_epoch = s + 1 == spe ? epoch + 1 : epoch, next_step = s + 1 == spe ? 0 : s + 1;
-        if (stop || (cfg_.checkpoint.every_steps && global_step % cfg_.checkpoint.every_steps == 0)) {
-          auto path = save_checkpoint(rep, global_step, next_epoch, next_step);
-          last_saved = global_step;
-          if (lead) result.last_checkpoint = path;
-        }
-        if (lead) {
-          result.history.push_back(status);
-          if (opts_.on_step) opts_.on_step(status);
-        }
-        if (stop) {
-          if (lead) result.stopped_by_signal = true;
-          break;
-        }
-        if (!lead) continue;
-        window_images += status.samples;
-        window_loss += status.loss;
-        window_acc += status.accuracy;
-        window_steps++;
-        const bool log_now = global_step % cfg_.train.log_every == 0 || global_step == total_steps_;
-        if (tty || log_now) {
-          double dt = std::chrono::duration<double>(Clock::now() - t_window).count();
-          double ips = window_images / std::max(dt, 1e-9);
-          auto ps = rep.pool().stats();
-          char line[320];
-          int len = std::snprintf(line, sizeof line,
-                                  "epoch %ld/%ld step %ld/%ld loss %.4f acc %5.1f%% lr %.4g %.0f img/s pool %.0f/%.0f MiB",
-                                  (long)epoch + 1, (long)epochs, (long)global_step, (long)total_steps_,
-                                  window_loss / window_steps, 100 * window_acc / window_steps, status.lr, ips,
-                                  ps.in_use / 1048576.0, ps.peak_in_use / 1048576.0);
-          if (st.scaler)
-            std::snprintf(line + len, sizeof line - len, " scale %g skipped %ld", st.scaler->scale(),
-                          (long)st.scaler->skipped());
-          if (opts_.print) {
-            if (tty) std::printf("\r%s\033[K%s", line, log_now ? "\n" : "");
-            else if (log_now) std::printf("%s\n", line);
-            std::fflush(stdout);
-          }
-          if (log_now) {
-            std::ostringstream js;
-            js << "{\"kind\":\"step\",\"step\":" << global_step << ",\"epoch\":" << epoch + 1
-               << ",\"loss\":" << json_num(window_loss / window_steps)
-               << ",\"accuracy\":" << json_num(window_acc / window_steps) << ",\"lr\":" << json_num(status.lr)
-               << ",\"scale\":" << json_num(status.scale)
-               << ",\"skipped\":" << (st.scaler ? st.scaler->skipped() : 0) << ",\"applied\":" << (status.applied ? "true" : "false")
-               << ",\"grad_norm\":" << json_num(status.grad_norm)
-               << ",\"img_per_s\":" << json_num(ips) << ",\"data_wait_s\":" << json_num(st.loader->wait_seconds())
-               << ",\"pool_in_use_mib\":[";
-            // this process's replicas (all of them unless the run spans processes)
-            for (int r = 0; r < group_->size(); ++r)
-              js << (r ? "," : "") << json_num(group_->replica(r).pool().stats().in_use / 1048576.0);
-            js << "],\"pool_peak_mib\":[";
-            for (int r = 0; r < group_->size(); ++r)
-              js << (r ? "," : "") << json_num(group_->replica(r).pool().stats().peak_in_use / 1048576.0);
-            js << "]}";
-            log_line(js.str());
-            if (tb) {
-              tb->scalar("train/loss", static_cast<float>(window_loss / window_steps), global_step);
-              tb->scalar("train/accuracy", static_cast<float>(window_acc / window_steps), global_step);
-              tb->scalar("train/lr", status.lr, global_step);
-              tb->scalar("train/loss_scale", status.scale, global_step);
-              tb->scalar("train/images_per_second", static_cast<float>(ips), global_step);
-              tb->flush();
-            }
-            t_window = Clock::now();
-            window_images = 0;
-            window_loss = window_acc = 0;
-            window_steps = 0;
-          }
-        }
-      }
-      double epoch_s = std::chrono::duration<double>(Clock::now() - t_epoch).count();
-      if (lead) train_seconds += epoch_s;
-      if (cfg_.train.eval && !stop) {
-        EvalResult e = [&] {
-          Timeline::Scope ev(timeline_.get(), 2 * rep.rank(), "evaluation", "eval");
-          return evaluate_on(rep);
-        }();
-        if (lead) {
-          result.test = e;
-          if (opts_.print) {
-            std::printf("epoch %ld: test loss %.4f accuracy %.2f%% (%ld images), epoch took %.1f s\n", (long)epoch + 1,
-                        e.loss, 100 * e.accuracy, (long)e.count, epoch_s);
-            std::fflush(stdout);
-          }
-          std::ostringstream js;
-          js << "{\"kind\":\"eval\",\"step\":" << global_step << ",\"epoch\":" << epoch + 1
-             << ",\"loss\":" << json_num(e.loss) << ",\"accuracy\":" << json_num(e.accuracy) << ",\"count\":" << e.count
-             << ",\"epoch_seconds\":" << json_num(epoch_s) << "}";
-          log_line(js.str());
-          if (tb) {
-            tb->scalar("test/loss", static_cast<float>(e.loss), global_step);
-            tb->scalar("test/accuracy", static_cast<float>(e.accuracy), global_step);
-            tb->flush();
-          }
-        }
-      }
-      if (!stop && cfg_.checkpoint.every_epochs && global_step % spe == 0 &&
-          (global_step / spe) % cfg_.checkpoint.every_epochs == 0 && last_saved != global_step) {
-        auto path = save_checkpoint(rep, global_step, epoch + 1, 0);
-        last_saved = global_step;
-        if (lead) result.last_checkpoint = path;
-      }
-    }
-    // The final state is a checkpoint too: nothing trained is lost.
-    if (last_saved != global_step) {
-      const int64_t e = global_step / spe, sie = global_step % spe;
-      auto path = save_checkpoint(rep, global_step, e, sie);
-      if (lead) result.last_checkpoint = path;
-    }
-    if (lead) {
-      result.steps = global_step;
-      result.skipped = st.scaler ? st.scaler->skipped() : 0;
-      if (!result.history.empty()) result.last_loss = result.history.back().loss;
-    }
-    with_averaged_statistics(rep, *st.model, [&] {
-      if (lead) save_model(*st.model, st.model->params(), st.model->buffers(), run_dir + "/model.bin");
-    });
-  });
+    group_->run([&](parallel::Replica& rep) { fit_replica(rep, loop); });
   } catch (const parallel::ReplicaError& e) {
-    std::string msg = e.what();
-    if (msg.find("out of memory") == std::string::npos) throw;
-    // Add what the planner would do (measured on this configuration, not guessed).
-    std::string advice;
-    try {
-      MemPlan plan = plan_memory(cfg_);
-      if (plan.best_micro_batch)
-        advice = " The planner (replica memplan) says micro_batch " + std::to_string(plan.best_micro_batch) + " with " +
-                 std::to_string(plan.accumulation) + " accumulation step(s) fits this pool and keeps global_batch " +
-                 std::to_string(cfg_.train.global_batch) + " (set train.micro_batch: auto to let it choose).";
-      else
-        advice = " The planner finds no micro-batch that fits this pool: use model.checkpoint: blocks, "
-                 "train.precision: fp16 or bf16, or a larger memory.fraction.";
-    } catch (const std::exception&) {
-    }
-    throw parallel::ReplicaError(e.rank(), msg + advice);
+    if (!e.cause_as<OutOfMemoryError>()) throw;
+    throw parallel::ReplicaError(e.rank(), e.what() + memory_advice(), e.cause());
   }
+  FitResult& result = loop.result;
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-  if (alloc_trace_) {
-    group_->replica(0).pool().set_trace(nullptr);
-    alloc_trace_->write_csv(opts_.alloc_trace);
-    if (opts_.print) std::printf("replica: %zu allocation events of replica 0 written to %s\n", alloc_trace_->events().size(), opts_.alloc_trace.c_str());
-  }
-  if (timeline_ && group_->lead_process()) {
-    timeline_->write_chrome_json(opts_.trace);
-    if (opts_.print) std::printf("replica: timeline written to %s (open in https://ui.perfetto.dev)\n", opts_.trace.c_str());
-  }
   int64_t images = 0;
   for (auto& h : result.history) images += h.samples;
-  result.images_per_second = images / std::max(train_seconds, 1e-9);
-  if (opts_.print && cfg_.memory.step_plan) {
+  result.images_per_second = images / std::max(loop.train_seconds, 1e-9);
+  write_traces();
+  print_end(result);
+  return result;
+}
+
+void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
+  auto& st = states_[rep.local_index()];
+  const bool lead = rep.rank() == 0;
+  const int64_t spe = sharding_->steps_per_epoch();
+  int64_t step = start_global_step_;
+  bool stop = false;
+  StepWindow window;
+  CheckpointPolicy checkpoints = loop.checkpoints;  // each replica's own: it records what was saved
+  for (int64_t epoch = start_epoch_; epoch < loop.epochs && step < total_steps_ && !stop; ++epoch) {
+    const auto t_epoch = Clock::now();
+    const int64_t first = epoch == start_epoch_ ? start_step_in_epoch_ : 0;
+    st.loader->begin_epoch(epoch, first);
+    st.inputs->clear();
+    for (int64_t s = first; s < spe && step < total_steps_ && !stop; ++s) {
+      const StepStatus status = train_step(rep, step, s + 1 < spe);
+      stop = status.stop;
+      ++step;
+      if (cfg_.parallel.check_every && step % cfg_.parallel.check_every == 0)
+        parallel::check_replicas_agree(rep.comm(), st.model->params(), step);
+      // Where the data resumes after this step: the next step of this epoch, or the next epoch.
+      if (checkpoints.after_step(step, stop))
+        save_checkpoint(rep, loop, checkpoints, step, s + 1 == spe ? epoch + 1 : epoch, s + 1 == spe ? 0 : s + 1);
+      if (!lead) continue;
+      loop.result.history.push_back(status);
+      if (opts_.on_step) opts_.on_step(status);
+      if (stop) {
+        loop.result.stopped_by_signal = true;
+        break;
+      }
+      window.add(status);
+      const bool logged = step % cfg_.train.log_every == 0 || step == total_steps_;
+      if (logged || opts_.print) loop.sinks.step(step_record(rep, window, status, step, epoch), logged);
+      if (logged) window.reset();
+    }
+    const double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+    if (lead) loop.train_seconds += epoch_seconds;
+    if (cfg_.train.eval && !stop) {
+      EvalResult e = [&] {
+        Timeline::Scope ev(timeline_.get(), 2 * rep.rank(), "evaluation", "eval");
+        return evaluate_on(rep);
+      }();
+      if (lead) {
+        loop.result.test = e;
+        loop.sinks.eval({.step = step, .epoch = epoch + 1, .count = e.count, .loss = e.loss, .accuracy = e.accuracy,
+                         .epoch_seconds = epoch_seconds});
+      }
+    }
+    if (!stop && checkpoints.at_epoch_end(step)) save_checkpoint(rep, loop, checkpoints, step, epoch + 1, 0);
+  }
+  // The final state is a checkpoint too: nothing trained is lost.
+  if (checkpoints.at_end(step)) save_checkpoint(rep, loop, checkpoints, step, step / spe, step % spe);
+  if (lead) {
+    loop.result.steps = step;
+    loop.result.skipped = st.scaler ? st.scaler->skipped() : 0;
+    if (!loop.result.history.empty()) loop.result.last_loss = loop.result.history.back().loss;
+  }
+  with_averaged_statistics(rep, *st.model, [&] {
+    if (lead) save_model(*st.model, st.model->params(), st.model->buffers(), cfg_.train.run_dir + "/model.bin");
+  });
+}
+
+StepStatus Trainer::train_step(parallel::Replica& rep, int64_t global_step, bool more_in_epoch) {
+  auto& st = states_[rep.local_index()];
+  auto next_batch = [&] {
+    Timeline::Scope wait(timeline_.get(), 2 * rep.rank(), "data wait", "data");
+    return st.loader->next();
+  };
+  rep.pool().set_step(global_step);
+  // memory.step_plan: the second step of the run is recorded, later ones are served.
+  const int64_t nth = global_step - start_global_step_;
+  const bool plan = cfg_.memory.step_plan && rep.device().kind == DeviceKind::cpu;
+  if (plan && nth == 1) rep.pool().plan_record_begin();
+  if (plan && nth >= 2) rep.pool().plan_step_begin();
+  st.step->zero_grad();
+  for (int k = 0; k < accumulation_; ++k) {
+    if (st.inputs->empty()) st.inputs->push(next_batch());
+    auto [images, labels] = st.inputs->front();
+    // The next micro-batch of this epoch starts its copy now, overlapping this one's compute.
+    const bool more = k + 1 < accumulation_ || (more_in_epoch && global_step + 1 < total_steps_);
+    if (st.inputs->ahead() && more) st.inputs->push(next_batch());
+    st.step->micro_step(images, labels, k == accumulation_ - 1);
+    st.inputs->pop();
+  }
+  // The schedule advances with applied steps only: a skipped (overflowing) step leaves it.
+  StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()), stop_requested());
+  if (plan && nth == 1) rep.pool().plan_record_end();
+  if (plan && nth >= 2) rep.pool().plan_step_end();
+  return status;
+}
+
+StepRecord Trainer::step_record(parallel::Replica& rep, const StepWindow& window, const StepStatus& last,
+                                int64_t step, int64_t epoch) {
+  auto& st = states_[rep.local_index()];
+  StepRecord r = window.record(last);
+  r.step = step;
+  r.total_steps = total_steps_;
+  r.epoch = epoch + 1;
+  r.epochs = (total_steps_ + sharding_->steps_per_epoch() - 1) / sharding_->steps_per_epoch();
+  r.has_scaler = st.scaler != nullptr;
+  r.skipped = st.scaler ? st.scaler->skipped() : 0;
+  r.data_wait_s = st.loader->wait_seconds();
+  const auto ps = rep.pool().stats();
+  r.pool_in_use_replica0_mib = ps.in_use / 1048576.0;
+  r.pool_peak_replica0_mib = ps.peak_in_use / 1048576.0;
+  for (int i = 0; i < group_->size(); ++i) {  // this process's replicas (all, unless the run spans processes)
+    const auto s = group_->replica(i).pool().stats();
+    r.pool_in_use_mib.push_back(s.in_use / 1048576.0);
+    r.pool_peak_mib.push_back(s.peak_in_use / 1048576.0);
+  }
+  return r;
+}
+
+std::unique_ptr<DirectoryLock> Trainer::open_run_directory(MetricsSinks& sinks) {
+  const std::string& run_dir = cfg_.train.run_dir;
+  std::filesystem::create_directories(run_dir);
+  // One writer per run directory: a second `replica train` on it is refused, naming this PID.
+  auto lock = std::make_unique<DirectoryLock>(run_dir, "a replica train writing this run directory");
+  // Temporaries of a writer killed mid-write (write_file_atomic) are removed, not left to pile up.
+  for (const std::string& dir : {run_dir, checkpoint_dir()})
+    for (const std::string& f : remove_stale_temporaries(dir)) log_info("removed ", f, " (left by a killed writer)");
+  write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
+  metrics_path_ = run_dir + "/metrics.jsonl";
+  // A resumed run appends to its metrics; a fresh one starts them anew.
+  if (resumed_from_.empty()) std::ofstream(metrics_path_, std::ios::trunc).close();
+  if (opts_.print) sinks.add(std::make_unique<ProgressPrinter>(isatty(STDOUT_FILENO)));
+  sinks.add(std::make_unique<JsonlSink>(metrics_path_));
+  if (cfg_.train.tensorboard) sinks.add(std::make_unique<TensorBoardSink>(run_dir));
+  return lock;
+}
+
+void Trainer::print_start() const {
+  if (!opts_.print) return;
+  const int R = group_->world();
+  std::vector<Device> local;  // what parallel.devices (e.g. auto) resolved to in this process
+  for (int i = 0; i < group_->size(); ++i) local.push_back(group_->replica(i).device());
+  std::printf("replica: %s on %s (%d replica%s, %s), %s\n", states_[0].model->summary().c_str(),
+              devices_str(local).c_str(), R, R > 1 ? "s" : "", group_->replica(0).pool().describe().c_str(),
+              train_->name().c_str());
+  std::string precision = cfg_.train.precision;
+  if (precision != "fp32") {
+    precision += " activations, fp32 master weights";
+    const auto* sc = states_[0].scaler.get();
+    precision += sc ? ", loss scale " + std::to_string(static_cast<int64_t>(sc->scale())) +
+                          (sc->options().dynamic ? " (dynamic)" : " (static)")
+                    : std::string(", no loss scaling");
+  }
+  std::printf("replica: global batch %ld = micro-batch %ld x %d accumulation step%s x %d replica%s; %ld steps "
+              "(%ld per epoch); %s lr %.4g %s; %s\n",
+              (long)cfg_.train.global_batch, (long)micro_, accumulation_, accumulation_ > 1 ? "s" : "", R,
+              R > 1 ? "s" : "", (long)total_steps_, (long)sharding_->steps_per_epoch(), cfg_.optim.name.c_str(),
+              sched_.base_lr, sched_.kind.c_str(), precision.c_str());
+  std::fflush(stdout);
+}
+
+void Trainer::print_end(const FitResult& result) const {
+  if (!opts_.print) return;
+  if (cfg_.memory.step_plan) {
     auto ps = group_->replica(0).pool().plan_stats();
     std::printf("replica: step plan on replica 0: %ld step(s) served, %ld diverged%s; arena %s for %s of peak live "
                 "(%zu planned allocations, %zu outside the plan)\n",
@@ -726,13 +636,42 @@ FitResult Trainer::fit() {
                 ps.last_divergence.empty() ? "" : (" (last: " + ps.last_divergence + ")").c_str(),
                 format_bytes(ps.arena_bytes).c_str(), format_bytes(ps.recorded_peak).c_str(), ps.planned, ps.unplanned);
   }
-  if (opts_.print) {
-    if (states_[0].scaler) std::printf("replica: %ld of %ld steps skipped for overflow\n", (long)result.skipped, (long)result.steps);
-    std::printf("replica: %ld steps in %.1f s (%.0f img/s training); model saved to %s/model.bin, metrics in %s\n",
-                (long)result.steps, result.seconds, result.images_per_second, run_dir.c_str(), metrics_path_.c_str());
-    std::fflush(stdout);
+  if (states_[0].scaler)
+    std::printf("replica: %ld of %ld steps skipped for overflow\n", (long)result.skipped, (long)result.steps);
+  std::printf("replica: %ld steps in %.1f s (%.0f img/s training); model saved to %s/model.bin, metrics in %s\n",
+              (long)result.steps, result.seconds, result.images_per_second, cfg_.train.run_dir.c_str(),
+              metrics_path_.c_str());
+  std::fflush(stdout);
+}
+
+void Trainer::write_traces() {
+  if (alloc_trace_) {
+    group_->replica(0).pool().set_trace(nullptr);
+    alloc_trace_->write_csv(opts_.alloc_trace);
+    if (opts_.print)
+      std::printf("replica: %zu allocation events of replica 0 written to %s\n", alloc_trace_->events().size(),
+                  opts_.alloc_trace.c_str());
   }
-  return result;
+  if (timeline_ && group_->lead_process()) {
+    timeline_->write_chrome_json(opts_.trace);
+    if (opts_.print) std::printf("replica: timeline written to %s (open in https://ui.perfetto.dev)\n", opts_.trace.c_str());
+  }
+}
+
+// What the planner says fits, measured on this configuration (not guessed): added to an
+// out-of-memory error that reaches the trainer, so core/ names no training concept.
+std::string Trainer::memory_advice() const {
+  try {
+    MemPlan plan = plan_memory(cfg_);
+    if (plan.best_micro_batch)
+      return " The planner (replica memplan) says micro_batch " + std::to_string(plan.best_micro_batch) + " with " +
+             std::to_string(plan.accumulation) + " accumulation step(s) fits this pool and keeps global_batch " +
+             std::to_string(cfg_.train.global_batch) + " (set train.micro_batch: auto to let it choose).";
+    return " The planner finds no micro-batch that fits this pool: use model.checkpoint: blocks, "
+           "train.precision: fp16 or bf16, or a larger memory.fraction.";
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 }  // namespace replica::train

@@ -13,7 +13,10 @@
 #include "train/input_stager.h"
 #include "optim/schedule.h"
 #include "parallel/replica_group.h"
+#include "core/file_io.h"
+#include "train/checkpoint_policy.h"
 #include "train/config.h"
+#include "train/metrics_sink.h"
 #include "train/replica_step.h"
 
 namespace replica::train {
@@ -80,9 +83,30 @@ class Trainer {
   // Evaluation on the replicas' averaged statistics; the training state is left as it was.
   EvalResult evaluate_on(parallel::Replica& rep);
   EvalResult evaluate_averaged(parallel::Replica& rep);  // with the statistics already averaged
-  void log_line(const std::string& json);
-  // Called on every replica at the same step; rank 0 writes. Returns the path.
-  std::string save_checkpoint(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch);
+
+  // The fit loop's state shared by the replica threads (written by rank 0).
+  struct FitLoop {
+    CheckpointPolicy checkpoints;  // the policy; each replica thread works on its own copy
+    int64_t epochs;
+    MetricsSinks sinks;
+    FitResult result;
+    double train_seconds;  // evaluation excluded
+  };
+  void fit_replica(parallel::Replica& rep, FitLoop& loop);
+  // One optimizer step: the micro-steps over the next batches, the all-reduce, the update and
+  // the stop vote (StepStatus::stop).
+  StepStatus train_step(parallel::Replica& rep, int64_t global_step, bool more_in_epoch);
+  StepRecord step_record(parallel::Replica& rep, const StepWindow& window, const StepStatus& last, int64_t step,
+                         int64_t epoch);
+  std::unique_ptr<DirectoryLock> open_run_directory(MetricsSinks& sinks);
+  void print_start() const;
+  void print_end(const FitResult& result) const;
+  void write_traces();
+  std::string memory_advice() const;
+  // Called on every replica at the same step (rank 0 writes); records it in the loop.
+  void save_checkpoint(parallel::Replica& rep, FitLoop& loop, CheckpointPolicy& checkpoints, int64_t global_step,
+                       int64_t epoch, int64_t step_in_epoch);
+  std::string write_checkpoint_file(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch);
   // Loads the newest valid checkpoint (falling back with a warning past damaged ones).
   void load_resume_point();
   std::string checkpoint_dir() const;

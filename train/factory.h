@@ -1,0 +1,22 @@
+// One home for building what a configuration names: the model, the optimizer (by optim.name) and
+// the loss scaler (by train.loss_scale). The trainer, the memory planner and the benchmarks all
+// build through here, so a new optimizer or option is added once.
+#pragma once
+#include <memory>
+
+#include "ops/nn/model.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "train/config.h"
+
+namespace replica::train {
+
+// The ResNet of model.* for samples of `sample` (H, W, C) and `classes` classes.
+std::unique_ptr<nn::Model> make_model(const RunConfig& cfg, const Shape& sample, int64_t classes);
+// sgd | adamw | lars with the options of optim.*; its state tensors come from `pool`.
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, nn::Model& model, MemoryPool& pool);
+// The loss scaler train.loss_scale asks for: dynamic ("dynamic", or "auto" with fp16), static (a
+// number) or none (null: "off", or "auto" with fp32 / bf16).
+std::unique_ptr<optim::DynamicLossScaler> make_loss_scaler(const TrainConfig& t);
+
+}  // namespace replica::train

@@ -1,0 +1,127 @@
+// The step and evaluation records, and the printer, JSONL and TensorBoard sinks.
+#include "train/metrics_sink.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "core/json.h"
+
+namespace replica::train {
+
+std::string StepRecord::line() const {
+  char b[320];
+  int n = std::snprintf(b, sizeof b, "epoch %ld/%ld step %ld/%ld loss %.4f acc %5.1f%% lr %.4g %.0f img/s pool %.0f/%.0f MiB",
+                        (long)epoch, (long)epochs, (long)step, (long)total_steps, loss, 100 * accuracy, lr, img_per_s,
+                        pool_in_use_replica0_mib, pool_peak_replica0_mib);
+  if (has_scaler) std::snprintf(b + n, sizeof b - n, " scale %g skipped %ld", scale, (long)skipped);
+  return b;
+}
+
+std::string StepRecord::json() const {
+  JsonWriter j;
+  j.begin_object()
+      .field("kind", "step")
+      .field("step", step)
+      .field("epoch", epoch)
+      .field("loss", loss)
+      .field("accuracy", accuracy)
+      .field("lr", lr)
+      .field("scale", scale)
+      .field("skipped", skipped)
+      .field("applied", applied)
+      .field("grad_norm", grad_norm)
+      .field("img_per_s", img_per_s)
+      .field("data_wait_s", data_wait_s)
+      .field("pool_in_use_mib", pool_in_use_mib)
+      .field("pool_peak_mib", pool_peak_mib)
+      .end_object();
+  return j.str();
+}
+
+std::string EvalRecord::line() const {
+  char b[200];
+  std::snprintf(b, sizeof b, "epoch %ld: test loss %.4f accuracy %.2f%% (%ld images), epoch took %.1f s", (long)epoch,
+                loss, 100 * accuracy, (long)count, epoch_seconds);
+  return b;
+}
+
+std::string EvalRecord::json() const {
+  JsonWriter j;
+  j.begin_object()
+      .field("kind", "eval")
+      .field("step", step)
+      .field("epoch", epoch)
+      .field("loss", loss)
+      .field("accuracy", accuracy)
+      .field("count", count)
+      .field("epoch_seconds", epoch_seconds)
+      .end_object();
+  return j.str();
+}
+
+void ProgressPrinter::step(const StepRecord& r, bool logged) {
+  if (tty_) std::printf("\r%s\033[K%s", r.line().c_str(), logged ? "\n" : "");
+  else if (logged) std::printf("%s\n", r.line().c_str());
+  std::fflush(stdout);
+}
+
+void ProgressPrinter::eval(const EvalRecord& r) {
+  std::printf("%s\n", r.line().c_str());
+  std::fflush(stdout);
+}
+
+void JsonlSink::append(const std::string& line) const {
+  std::ofstream out(path_, std::ios::app);
+  out << line << '\n';
+}
+
+void JsonlSink::step(const StepRecord& r, bool logged) {
+  if (logged) append(r.json());
+}
+
+void JsonlSink::eval(const EvalRecord& r) { append(r.json()); }
+
+void TensorBoardSink::step(const StepRecord& r, bool logged) {
+  if (!logged) return;
+  w_.scalar("train/loss", static_cast<float>(r.loss), r.step);
+  w_.scalar("train/accuracy", static_cast<float>(r.accuracy), r.step);
+  w_.scalar("train/lr", static_cast<float>(r.lr), r.step);
+  w_.scalar("train/loss_scale", static_cast<float>(r.scale), r.step);
+  w_.scalar("train/images_per_second", static_cast<float>(r.img_per_s), r.step);
+  w_.flush();
+}
+
+void TensorBoardSink::eval(const EvalRecord& r) {
+  w_.scalar("test/loss", static_cast<float>(r.loss), r.step);
+  w_.scalar("test/accuracy", static_cast<float>(r.accuracy), r.step);
+  w_.flush();
+}
+
+void StepWindow::add(const StepStatus& s) {
+  images_ += s.samples;
+  loss_ += s.loss;
+  acc_ += s.accuracy;
+  steps_++;
+}
+
+StepRecord StepWindow::record(const StepStatus& last) const {
+  StepRecord r;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  r.img_per_s = images_ / std::max(dt, 1e-9);
+  r.loss = loss_ / std::max(steps_, 1);
+  r.accuracy = acc_ / std::max(steps_, 1);
+  r.lr = last.lr;
+  r.scale = last.scale;
+  r.grad_norm = last.grad_norm;
+  r.applied = last.applied;
+  return r;
+}
+
+void StepWindow::reset() {
+  start_ = std::chrono::steady_clock::now();
+  images_ = 0;
+  loss_ = acc_ = 0;
+  steps_ = 0;
+}
+
+}  // namespace replica::train
