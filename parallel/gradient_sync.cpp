@@ -14,11 +14,18 @@ GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Co
     : grads_(std::move(grads)), comm_(comm) {
   const int n = static_cast<int>(offsets.size());
   bucket_of_slot_.assign(n, -1);
+  marked_.assign(n, false);
   const int64_t total = grads_.numel();
   double cap = o.first_bucket_mb * 1048576.0;
+  // Bucket sizes count the bytes that travel: 2 per element on a 16-bit wire, 4 in f32.
+  const double wire_bytes = static_cast<double>(dtype_size(o.wire));
+  for (int s = 1; s < n; ++s)
+    if (offsets[s] < offsets[s - 1])
+      throw Error("GradientSync: slot offsets must increase (slot " + std::to_string(s) + " starts at " +
+                  std::to_string(offsets[s]) + ", before slot " + std::to_string(s - 1) + ")");
   // Reverse parameter order: the last layers finish backward first.
   for (int s = n - 1; s >= 0; --s) {
-    if (buckets_.empty() || static_cast<double>(buckets_.back().hi - buckets_.back().lo) * 4 >= cap) {
+    if (buckets_.empty() || static_cast<double>(buckets_.back().hi - buckets_.back().lo) * wire_bytes >= cap) {
       if (!buckets_.empty()) cap = o.bucket_mb * 1048576.0;
       const int64_t hi = buckets_.empty() ? total : buckets_.back().lo;
       buckets_.push_back({hi, hi, 0, 0, nullptr});
@@ -43,6 +50,8 @@ GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Co
 void GradientSync::begin(bool sync) {
   sync_ = sync;
   launched_early_ = 0;
+  next_launch_ = 0;
+  marked_.assign(bucket_of_slot_.size(), false);
   for (auto& b : buckets_) {
     b.pending = b.slots;
     b.work = nullptr;
@@ -69,13 +78,25 @@ void GradientSync::launch(Bucket& b) {
 }
 
 void GradientSync::ready(int first, int count) {
-  if (!sync_ || comm_.size() == 1) return;
+  // The reducer's invariants (as PyTorch's REDUCER_CHECK): every slot is reported once per pass,
+  // and only slots that exist; anything else would reduce a bucket early or never.
+  const int n = static_cast<int>(bucket_of_slot_.size());
+  if (first < 0 || count < 0 || first + count > n)
+    throw Error("GradientSync: slots [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                ") reported ready, but there are " + std::to_string(n) + " slots");
   for (int s = first; s < first + count; ++s) {
-    auto& b = buckets_[bucket_of_slot_[s]];
-    if (--b.pending == 0) {
-      launch(b);
-      launched_early_++;
-    }
+    if (marked_[s])
+      throw Error("GradientSync: slot " + std::to_string(s) + " reported ready twice in one backward pass (a layer "
+                  "calls grads_ready more than once, or backward ran twice without begin())");
+    marked_[s] = true;
+  }
+  if (!sync_ || comm_.size() == 1) return;
+  for (int s = first; s < first + count; ++s) --buckets_[bucket_of_slot_[s]].pending;
+  // Launch in bucket index order: a complete bucket waits for the ones before it, so every rank
+  // issues the same sequence of collectives whatever order its slots became ready in.
+  while (next_launch_ < static_cast<int>(buckets_.size()) && buckets_[next_launch_].pending == 0) {
+    launch(buckets_[next_launch_++]);
+    launched_early_++;
   }
 }
 
@@ -83,8 +104,7 @@ void GradientSync::finish() {
   if (!sync_ || comm_.size() == 1) return;
   // Launch in bucket order any bucket backward did not complete, so every rank issues the same
   // sequence of collectives.
-  for (auto& b : buckets_)
-    if (!b.work) launch(b);
+  while (next_launch_ < static_cast<int>(buckets_.size())) launch(buckets_[next_launch_++]);
   for (auto& b : buckets_) {
     b.work->wait();
     b.done_ns = steady_ns();

@@ -43,7 +43,9 @@ class GradientSync {
   GradientSync(const std::vector<int64_t>& slot_offsets, Tensor grads, Communicator& comm,
                BucketOptions o = {});
 
-  // Backward calls this when slots [first, first + count) hold their final gradients.
+  // Backward calls this when slots [first, first + count) hold their final gradients. A slot
+  // reported twice in one pass, or a slot that does not exist, is an Error. Complete buckets
+  // launch in bucket index order (a later one waits for the earlier ones to complete).
   void ready(int first, int count);
   // Starts a backward pass; with sync false (accumulation micro-step) nothing is reduced.
   void begin(bool sync);
@@ -64,6 +66,8 @@ class GradientSync {
   std::vector<int> bucket_of_slot_;
   bool sync_ = true;
   int launched_early_ = 0;
+  int next_launch_ = 0;       // buckets launch in index order
+  std::vector<bool> marked_;  // slots reported ready in this pass
 };
 
 // Broadcasts a float buffer from rank 0 (parameters at start and after resume).

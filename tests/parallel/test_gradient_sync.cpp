@@ -1,6 +1,7 @@
 // GradientSync: bucket layout in reverse order with DDP's sizes, launch during backward, no_sync.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "core/pools.h"
@@ -76,6 +77,63 @@ TEST(GradientSync, AveragesAcrossReplicasAndLaunchesDuringBackward) {
   EXPECT_GT(early[0], 1) << "buckets start during backward, not all at finish()";
 }
 
+TEST(GradientSync, TheReducersInvariantsAreChecked) {
+  auto comms = make_host_communicators(2);
+  std::vector<std::thread> ts;
+  std::vector<std::string> twice(2), range(2);
+  std::vector<std::vector<int64_t>> order(2);
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto pool = make_pool({DeviceKind::cpu, r}, PoolOptions{});
+      std::vector<int64_t> offs;
+      for (int i = 0; i < 6; ++i) offs.push_back(i * 1000);
+      Tensor g = Tensor::zeros(*pool, {6000}, DType::f32, MemTag::grads);
+      // 8 KB buckets: one per two slots, slots 5-4 in bucket 0, 3-2 in bucket 1, 1-0 in bucket 2.
+      GradientSync gs(offs, g, *comms[r], {.bucket_mb = 0.0076, .first_bucket_mb = 0.0076});
+      ASSERT_EQ(gs.buckets().size(), 3u);
+      gs.begin(true);
+      // Bucket 2 completes first (a shortcut's gradient ready early): it must wait for 0 and 1.
+      gs.ready(0, 2);
+      EXPECT_FALSE(gs.buckets()[2].work) << "bucket 2 launched before buckets 0 and 1";
+      gs.ready(4, 2);
+      gs.ready(2, 2);
+      gs.finish();
+      for (auto& b : gs.buckets()) order[r].push_back(b.launched_ns);
+      gs.begin(true);
+      gs.ready(3, 1);
+      try {
+        gs.ready(3, 1);
+      } catch (const Error& e) {
+        twice[r] = e.what();
+      }
+      try {
+        gs.ready(5, 2);
+      } catch (const Error& e) {
+        range[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(std::is_sorted(order[r].begin(), order[r].end())) << "buckets launch in index order";
+    EXPECT_NE(twice[r].find("slot 3 reported ready twice"), std::string::npos) << twice[r];
+    EXPECT_NE(range[r].find("there are 6 slots"), std::string::npos) << range[r];
+  }
+}
+
+TEST(GradientSync, BucketSizesCountTheWireBytes) {
+  auto comms = make_host_communicators(1);
+  auto pool = make_pool({DeviceKind::cpu, 0}, PoolOptions{});
+  std::vector<int64_t> offs;
+  for (int i = 0; i < 8; ++i) offs.push_back(i * 1024);
+  Tensor g = Tensor::zeros(*pool, {8192}, DType::f32, MemTag::grads);
+  // 8 KiB buckets: 2 slots of 1024 f32 elements each, or 4 slots on a 16-bit wire.
+  GradientSync f32(offs, g, *comms[0], {.bucket_mb = 8.0 / 1024, .first_bucket_mb = 8.0 / 1024});
+  GradientSync f16(offs, g, *comms[0],
+                   {.bucket_mb = 8.0 / 1024, .first_bucket_mb = 8.0 / 1024, .wire = DType::f16, .staging_pool = pool.get()});
+  EXPECT_EQ(f32.buckets().size(), 4u);
+  EXPECT_EQ(f16.buckets().size(), 2u);
+}
+
 TEST(GradientSync, DivergedReplicasAreAnErrorNamingTheRank) {
   const int world = 3;
   auto comms = make_host_communicators(world);
@@ -111,7 +169,8 @@ TEST(GradientSync, SixteenBitWireGoesThroughTheGivenCast) {
       auto pool = make_pool({DeviceKind::cpu, r}, PoolOptions{});
       std::vector<int64_t> offs{0, 500};
       Tensor g = Tensor::zeros(*pool, {1000}, DType::f32, MemTag::grads);
-      BucketOptions o{.bucket_mb = 0.001, .first_bucket_mb = 0.001, .wire = DType::bf16, .staging_pool = pool.get()};
+      // 0.0009 MiB (943 B) buckets: each 500-element slot is its own bucket on the 16-bit wire (1000 B).
+      BucketOptions o{.bucket_mb = 0.0009, .first_bucket_mb = 0.0009, .wire = DType::bf16, .staging_pool = pool.get()};
       o.cast = [&, r](const Tensor& a, const Tensor& b) {
         casts[r]++;
         convert(a.raw(), a.dtype(), b.raw(), b.dtype(), static_cast<size_t>(a.numel()));
