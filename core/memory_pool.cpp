@@ -382,6 +382,11 @@ ScopeStats MemoryPool::pop_scope() {
   return s;
 }
 
+void MemoryPool::set_oom_advice(OomAdvice advice) {
+  std::lock_guard<std::mutex> lock(mu_);
+  oom_advice_ = std::move(advice);
+}
+
 void MemoryPool::set_trace(AllocTrace* trace) {
   std::lock_guard<std::mutex> lock(mu_);
   trace_ = trace;
@@ -609,12 +614,10 @@ void MemoryPool::throw_oom(size_t bytes, size_t rounded, MemTag tag) {
   }
   if (total_free >= rounded)
     os << "Enough memory is free in total but not in one piece (fragmentation). ";
-  os << "To fit: use a smaller train.micro_batch with more accumulation steps, train.precision: "
-        "fp16 or bf16, model.checkpoint: blocks, or ";
-  if (options_.bytes)
-    os << "a larger memory.bytes (now " << format_bytes(options_.bytes) << ").";
-  else
-    os << "a larger memory.fraction (now " << options_.fraction << ", from " << options_.fraction_source << ").";
+  OomReport r{device_, bytes, rounded, capacity_, st_.in_use, total_free, largest, tag, options_.mode,
+              st_.in_use == 0, total_free >= rounded, options_};
+  if (oom_advice_) os << oom_advice_(r);
+  else os << "To fit: free memory held elsewhere, allocate less, or give the pool a larger capacity.";
   throw OutOfMemoryError(os.str(), bytes);
 }
 

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -123,6 +124,19 @@ struct StepPlanStats {
   std::string last_divergence;  // why, the last time
 };
 
+// The facts of an out-of-memory, handed to the advice callback a caller installs (train/ adds
+// what to change in its configuration; core/ names no training setting).
+struct OomReport {
+  Device device;
+  size_t requested = 0, rounded = 0, capacity = 0, in_use = 0, total_free = 0, largest_free = 0;
+  MemTag tag = MemTag::other;
+  AllocatorMode mode = AllocatorMode::growth;
+  bool nothing_allocated = false;  // the request alone exceeds the pool
+  bool fragmented = false;         // enough is free in total, not in one piece
+  PoolOptions options;             // how the capacity was set (bytes or fraction, and from where)
+};
+using OomAdvice = std::function<std::string(const OomReport&)>;
+
 class MemoryPool {
  public:
   static constexpr size_t kGranularity = 256;
@@ -143,6 +157,8 @@ class MemoryPool {
 
   // Optional event trace; the pool does not own it. `step` labels events.
   void set_trace(AllocTrace* trace);
+  // What an out-of-memory message ends with (what to change); without one, a generic line.
+  void set_oom_advice(OomAdvice advice);
   void set_step(int64_t step);
 
   // Live bytes of `tag` grouped by the site that allocated them (see AllocationSite).
@@ -218,6 +234,7 @@ class MemoryPool {
   PoolStats st_;
   std::vector<ScopeStats> scopes_;
   AllocTrace* trace_ = nullptr;
+  OomAdvice oom_advice_;
   int64_t step_ = 0;
 
   // step planning (guarded by mu_)

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "core/alloc_trace.h"
@@ -24,6 +25,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_policy.h"
 #include "train/factory.h"
+#include "train/memory_advice.h"
 #include "train/metrics_sink.h"
 #include "train/memplan.h"
 #include "train/model_io.h"
@@ -78,21 +80,24 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   go.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000));
   // A replica with several intra-op threads must not be pinned to a single core.
   go.pin_threads = cfg_.parallel.pin_threads && cfg_.parallel.intra_op_threads == 1;
+  // micro_batch: auto is planned before the replica group takes its pools: on a GPU the planner
+  // must measure on a device that is not already 75% preallocated.
+  std::optional<MemPlan> plan;
+  if (cfg_.train.micro_batch < 0) {  // auto: the largest micro-batch the pool holds
+    plan = plan_memory(cfg_);
+    if (!plan->best_micro_batch)
+      throw ConfigError("train.micro_batch: auto: not even a micro-batch of 1 fits in the pool (" + plan->pool +
+                        "); use fp16/bf16, a smaller model or a larger memory.fraction");
+    cfg_.train.micro_batch = plan->best_micro_batch;
+  }
   group_ = std::make_unique<parallel::ReplicaGroup>(devices, go);
   if (!group_->lead_process()) opts_.print = false;  // under MPI, global rank 0's process speaks
   const int R = group_->world();  // all replicas of all processes
   const int64_t B = cfg_.train.global_batch;
-  if (cfg_.train.micro_batch < 0) {  // auto: the largest micro-batch the pool holds
-    MemPlan plan = plan_memory(cfg_);
-    if (!plan.best_micro_batch)
-      throw ConfigError("train.micro_batch: auto: not even a micro-batch of 1 fits in the pool (" + plan.pool +
-                        "); use fp16/bf16, a smaller model or a larger memory.fraction");
-    cfg_.train.micro_batch = plan.best_micro_batch;
-    if (opts_.print)
-      std::printf("replica: micro_batch auto: %ld fits (largest %ld; predicted peak %.1f MiB of %s), %d accumulation step(s)\n",
-                  (long)plan.best_micro_batch, (long)plan.max_micro_batch,
-                  plan.peak_for(plan.best_micro_batch) / 1048576.0, plan.pool.c_str(), plan.accumulation);
-  }
+  if (plan && opts_.print)
+    std::printf("replica: micro_batch auto: %ld fits (largest %ld; predicted peak %.1f MiB of %s), %d accumulation step(s)\n",
+                (long)plan->best_micro_batch, (long)plan->max_micro_batch,
+                plan->peak_for(plan->best_micro_batch) / 1048576.0, plan->pool.c_str(), plan->accumulation);
   micro_ = cfg_.train.micro_batch ? cfg_.train.micro_batch : B / R;
   if (micro_ < 1 || B % (micro_ * R) != 0)
     throw ConfigError("train.global_batch " + std::to_string(B) + " is not micro_batch " + std::to_string(micro_) +
@@ -139,6 +144,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   states_.resize(group_->size());
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.local_index()];
+    rep.pool().set_oom_advice(memory_advice);  // an out-of-memory says what to change in the config
     if (rep.device().kind == DeviceKind::cpu) ops::set_intra_op_threads(cfg_.parallel.intra_op_threads);
     st.model = make_model(cfg_, s, train_->classes());
     st.model->materialize(rep.pool(), cfg_.train.seed, compute);
@@ -460,7 +466,7 @@ FitResult Trainer::fit() {
     group_->run([&](parallel::Replica& rep) { fit_replica(rep, loop); });
   } catch (const parallel::ReplicaError& e) {
     if (!e.cause_as<OutOfMemoryError>()) throw;
-    throw parallel::ReplicaError(e.rank(), e.what() + memory_advice(), e.cause());
+    throw parallel::ReplicaError(e.rank(), e.what() + planner_advice(), e.cause());
   }
   FitResult& result = loop.result;
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -660,7 +666,7 @@ void Trainer::write_traces() {
 
 // What the planner says fits, measured on this configuration (not guessed): added to an
 // out-of-memory error that reaches the trainer, so core/ names no training concept.
-std::string Trainer::memory_advice() const {
+std::string Trainer::planner_advice() const {
   try {
     MemPlan plan = plan_memory(cfg_);
     if (plan.best_micro_batch)

@@ -102,7 +102,7 @@ class Trainer {
   void print_start() const;
   void print_end(const FitResult& result) const;
   void write_traces();
-  std::string memory_advice() const;
+  std::string planner_advice() const;  // appended to an out-of-memory error: what the planner says fits
   // Called on every replica at the same step (rank 0 writes); records it in the loop.
   void save_checkpoint(parallel::Replica& rep, FitLoop& loop, CheckpointPolicy& checkpoints, int64_t global_step,
                        int64_t epoch, int64_t step_in_epoch);

@@ -1,5 +1,7 @@
-// CPU backend: Eigen GEMMs behind im2col on NHWC, plain loops for the rest. Single-threaded per
-// call: data parallelism puts one replica on each core, so kernels do not spawn threads.
+// CPU backend: Eigen GEMMs behind im2col on NHWC, plain loops for the rest. One thread per call
+// by default (data parallelism puts one replica on each core); parallel.intra_op_threads > 1
+// splits a kernel's rows over OpenMP threads (ops/cpu/threads.h), never a sum, so the bits do not
+// depend on the thread count.
 #pragma once
 #include "ops/backend.h"
 

@@ -7,6 +7,7 @@
 
 #include "core/errors.h"
 #include "train/config.h"
+#include "train/memory_advice.h"
 
 using namespace replica;
 using namespace replica::train;
@@ -92,4 +93,17 @@ TEST(Config, EveryShippedConfigParses) {
   std::stringstream ss;
   ss << in.rdbuf();
   EXPECT_EQ(ss.str(), default_config_text());
+}
+
+TEST(MemoryAdvice, NamesTheSettingsToChange) {
+  // What the trainer appends to an out-of-memory error (installed on every replica's pool).
+  OomReport r;
+  r.options.bytes = size_t(64) << 20;
+  const std::string m = train::memory_advice(r);
+  for (const char* needle : {"train.micro_batch", "fp16", "model.checkpoint: blocks", "memory.bytes (now 64.00 MiB)"})
+    EXPECT_NE(m.find(needle), std::string::npos) << "missing '" << needle << "' in: " << m;
+  r.options.bytes = 0;
+  r.options.fraction = 0.5;
+  r.options.fraction_source = "REPLICA_MEM_FRACTION";
+  EXPECT_NE(train::memory_advice(r).find("memory.fraction (now 0.5, from REPLICA_MEM_FRACTION)"), std::string::npos);
 }
