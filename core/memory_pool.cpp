@@ -180,18 +180,45 @@ void MemoryPool::erase_free(Block* b) {
   if (bins_[bin].empty()) nonempty_ &= ~(uint64_t(1) << bin);
 }
 
-MemoryPool::Block* MemoryPool::find_best_fit(size_t size) {
+bool MemoryPool::usable_by(Block* b, Stream* stream) {
+  if (!b->streams || b->streams->pending.empty()) return true;
+  auto& pending = b->streams->pending;
+  bool all_done = true;
+  for (auto& [s, ev] : pending) {
+    if (s == stream) continue;  // its own work: later work on that stream is ordered after it
+    if (!ev->done()) return false;
+  }
+  for (auto& [s, ev] : pending) all_done = all_done && ev->done();
+  if (all_done) pending.clear();
+  return true;
+}
+
+void MemoryPool::merge_pending(Block* into, Block* from) {
+  if (!from->streams || from->streams->pending.empty()) return;
+  if (!into->streams) into->streams = std::make_unique<Block::StreamUse>();
+  auto& dst = into->streams->pending;
+  for (auto& p : from->streams->pending) dst.push_back(std::move(p));
+}
+
+MemoryPool::Block* MemoryPool::find_best_fit(size_t size, Stream* stream, bool may_wait) {
   Block key;
   key.size = size;
   key.ptr = nullptr;
-  uint64_t candidates = nonempty_ & ~((uint64_t(1) << bin_of(size)) - 1);
-  while (candidates) {
+  const uint64_t fits = nonempty_ & ~((uint64_t(1) << bin_of(size)) - 1);
+  Block* pending_fit = nullptr;  // the best fit still in use by another stream's queued work
+  for (uint64_t candidates = fits; candidates; candidates &= candidates - 1) {
     const int bin = __builtin_ctzll(candidates);
-    auto it = bins_[bin].lower_bound(&key);
-    if (it != bins_[bin].end()) return *it;  // the first fit in a higher bin is that bin's smallest
-    candidates &= candidates - 1;
+    for (auto it = bins_[bin].lower_bound(&key); it != bins_[bin].end(); ++it) {
+      if (usable_by(*it, stream)) return *it;  // the first fit in a higher bin is that bin's smallest
+      if (!pending_fit) pending_fit = *it;
+    }
   }
-  return nullptr;
+  if (!pending_fit || !may_wait) return nullptr;
+  // Nothing else fits (and the pool cannot grow): take it once the host has seen its events
+  // complete (RMM does the same when it takes a block from another stream's free list).
+  for (auto& [s, ev] : pending_fit->streams->pending) ev->synchronize();
+  pending_fit->streams->pending.clear();
+  return pending_fit;
 }
 
 bool MemoryPool::add_region(size_t min_bytes) {
@@ -242,7 +269,7 @@ void MemoryPool::on_free(size_t rounded, size_t requested, MemTag tag, void* p) 
   if (trace_) trace_->record(false, p, requested, tag, step_);
 }
 
-void* MemoryPool::allocate(size_t bytes, MemTag tag) {
+void* MemoryPool::allocate(size_t bytes, MemTag tag, Stream* stream) {
   size_t rounded = std::max(kGranularity, (bytes + kGranularity - 1) & ~(kGranularity - 1));
   std::lock_guard<std::mutex> lock(mu_);
   if (options_.mode == AllocatorMode::platform) {
@@ -264,11 +291,13 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
   }
   if (serving_ && !diverged_ && std::this_thread::get_id() == plan_thread_)
     if (void* p = plan_serve(rounded, bytes, tag)) return p;
-  Block* b = find_best_fit(rounded);
-  if (!b) {
-    if (options_.mode == AllocatorMode::growth && add_region(rounded)) b = find_best_fit(rounded);
-    if (!b) throw_oom(bytes, rounded, tag);
-  }
+  if (stream && stream->synchronous()) stream = nullptr;  // nothing to order on a CPU
+  // A block this stream may take now; else a new region (growth); else a block another stream's
+  // work still uses, after waiting for it; else out of memory.
+  Block* b = find_best_fit(rounded, stream, false);
+  if (!b && options_.mode == AllocatorMode::growth && add_region(rounded)) b = find_best_fit(rounded, stream, false);
+  if (!b) b = find_best_fit(rounded, stream, true);
+  if (!b) throw_oom(bytes, rounded, tag);
   erase_free(b);
   if (b->size - rounded >= kGranularity) {  // split: the tail stays free
     Block* rest = new_block();
@@ -279,9 +308,22 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag) {
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = rounded;
+    // The tail keeps the events its bytes still wait for; b's were passed (usable_by) or synced.
+    if (b->streams && !b->streams->pending.empty()) {
+      rest->streams = std::make_unique<Block::StreamUse>();
+      rest->streams->pending = b->streams->pending;
+    }
     insert_free(rest);
   }
   b->free = false;
+  if (stream) {
+    if (!b->streams) b->streams = std::make_unique<Block::StreamUse>();
+    b->streams->owner = stream;
+    b->streams->users.clear();
+    b->streams->pending.clear();
+  } else if (b->streams) {
+    b->streams.reset();
+  }
   b->tag = tag;
   b->requested = bytes;
   b->site = AllocationSite::current();
@@ -324,9 +366,17 @@ void MemoryPool::deallocate(void* p) {
     return;
   }
   b->free = true;
+  if (b->streams) {  // the work queued on its streams may still read it: events to pass first
+    auto& u = *b->streams;
+    if (u.owner) u.pending.emplace_back(u.owner, u.owner->record());
+    for (Stream* s : u.users) u.pending.emplace_back(s, s->record());
+    u.owner = nullptr;
+    u.users.clear();
+  }
   if (b->next && b->next->free) {  // merge the right neighbour into b
     Block* n = b->next;
     erase_free(n);
+    merge_pending(b, n);
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
@@ -335,6 +385,7 @@ void MemoryPool::deallocate(void* p) {
   if (b->prev && b->prev->free) {  // merge b into the left neighbour
     Block* l = b->prev;
     erase_free(l);
+    merge_pending(l, b);
     l->size += b->size;
     l->next = b->next;
     if (b->next) b->next->prev = l;
@@ -380,6 +431,19 @@ ScopeStats MemoryPool::pop_scope() {
   scopes_.pop_back();
   s.end_in_use = st_.in_use;
   return s;
+}
+
+void MemoryPool::record_stream(void* p, Stream* stream) {
+  if (!p || !stream || stream->synchronous()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  bool found = false;
+  Block* b = live_.take(p, found);
+  if (!found) return;  // not a best-fit block (platform mode, the step plan): nothing to order
+  live_.insert(p, b);
+  if (!b->streams) b->streams = std::make_unique<Block::StreamUse>();
+  if (b->streams->owner != stream &&
+      std::find(b->streams->users.begin(), b->streams->users.end(), stream) == b->streams->users.end())
+    b->streams->users.push_back(stream);
 }
 
 void MemoryPool::set_oom_advice(OomAdvice advice) {

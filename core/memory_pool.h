@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/stream.h"
 #include "core/node_arena.h"
 #include "core/ptr_map.h"
 
@@ -147,8 +148,20 @@ class MemoryPool {
   MemoryPool& operator=(const MemoryPool&) = delete;
 
   // Returns 256-byte aligned memory; throws OutOfMemoryError (pool stays usable).
-  void* allocate(size_t bytes, MemTag tag);
+  //
+  // Stream-ordered (RMM's rule): a block belongs to the stream it was allocated for (`stream`,
+  // default the thread's current stream). When it is freed, an event is recorded on that stream
+  // and on every stream handed it with record_stream(); the block is then reused at once by the
+  // same stream (its later work is ordered after the earlier), and by another stream only once
+  // those events have completed. When nothing else fits, a pending block is taken after its
+  // events are waited for on the host (never handed over early). Synchronous streams (CPU) and
+  // null record no events: their blocks are free for anyone at once, as before.
+  void* allocate(size_t bytes, MemTag tag, Stream* stream);
+  void* allocate(size_t bytes, MemTag tag) { return allocate(bytes, tag, current_stream()); }
   void deallocate(void* p);
+  // A live block is also used by `stream` (PyTorch's recordStream): its free waits for that
+  // stream's work too.
+  void record_stream(void* p, Stream* stream);
 
   PoolStats stats() const;
   void reset_peaks();
@@ -195,7 +208,17 @@ class MemoryPool {
     MemTag tag = MemTag::other;
     size_t requested = 0;
     const char* site = nullptr;  // the layer (or phase) that allocated it, for leak reports
+    // Stream ordering, only for asynchronous streams (null on CPU: nothing to track).
+    struct StreamUse {
+      Stream* owner = nullptr;                                           // allocated for
+      std::vector<Stream*> users;                                        // record_stream()
+      std::vector<std::pair<Stream*, std::shared_ptr<Event>>> pending;   // free: events to pass
+    };
+    std::unique_ptr<StreamUse> streams;
   };
+  // True when `stream` may take free block b now: every pending event is its own or done.
+  static bool usable_by(Block* b, Stream* stream);
+  static void merge_pending(Block* into, Block* from);
   struct BySize {
     bool operator()(const Block* a, const Block* b) const {
       return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
@@ -208,7 +231,9 @@ class MemoryPool {
   void recycle(Block* b);
   void insert_free(Block* b);
   void erase_free(Block* b);
-  Block* find_best_fit(size_t size);
+  // The best free block `stream` may use now; with may_wait, else one whose pending events it
+  // waits for on the host.
+  Block* find_best_fit(size_t size, Stream* stream, bool may_wait);
   bool add_region(size_t min_bytes);
   [[noreturn]] void throw_oom(size_t bytes, size_t rounded, MemTag tag);
   void on_alloc(size_t rounded, size_t requested, MemTag tag, void* p);

@@ -25,6 +25,8 @@ class Stream {
   virtual void wait(Event& e) = 0;
   // Native handle (cudaStream_t) or nullptr on CPU.
   virtual void* native() const { return nullptr; }
+  // True when work is done by the time a call returns (CPU): nothing to order by events.
+  virtual bool synchronous() const { return false; }
 };
 
 // CPU work runs inline on the calling replica thread, so a CPU stream is always finished.
@@ -35,6 +37,7 @@ class CpuStream : public Stream {
   void synchronize() override {}
   std::shared_ptr<Event> record() override;
   void wait(Event& e) override { e.synchronize(); }
+  bool synchronous() const override { return true; }
 
  private:
   Device device_;

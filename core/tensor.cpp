@@ -12,6 +12,10 @@ Storage::Storage(MemoryPool* pool, size_t bytes, MemTag tag)
     : pool_(pool), bytes_(bytes), tag_(tag), device_(pool->device()) {
   data_ = pool_->allocate(bytes, tag);
 }
+Storage::Storage(MemoryPool* pool, size_t bytes, MemTag tag, Stream* stream)
+    : pool_(pool), bytes_(bytes), tag_(tag), device_(pool->device()) {
+  data_ = pool_->allocate(bytes, tag, stream);
+}
 Storage::Storage(void* external, size_t bytes, Device device)
     : data_(external), bytes_(bytes), device_(device) {}
 Storage::~Storage() {
@@ -22,6 +26,15 @@ Tensor Tensor::empty(MemoryPool& pool, Shape shape, DType dtype, MemTag tag) {
   Tensor t;
   size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   t.storage_ = std::make_shared<Storage>(&pool, bytes, tag);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::empty(MemoryPool& pool, Shape shape, DType dtype, MemTag tag, Stream* stream) {
+  Tensor t;
+  size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  t.storage_ = std::make_shared<Storage>(&pool, bytes, tag, stream);
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;

@@ -20,6 +20,7 @@ class Stream;
 class Storage {
  public:
   Storage(MemoryPool* pool, size_t bytes, MemTag tag);
+  Storage(MemoryPool* pool, size_t bytes, MemTag tag, Stream* stream);  // for `stream`'s work
   Storage(void* external, size_t bytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -42,6 +43,8 @@ class Tensor {
  public:
   Tensor() = default;
   static Tensor empty(MemoryPool& pool, Shape shape, DType dtype, MemTag tag);
+  // A block for `stream`'s work rather than the thread's current stream (MemoryPool::allocate).
+  static Tensor empty(MemoryPool& pool, Shape shape, DType dtype, MemTag tag, Stream* stream);
   // Zero-filled (on a GPU in the thread's current stream).
   static Tensor zeros(MemoryPool& pool, Shape shape, DType dtype, MemTag tag);
   // A non-owning tensor over memory the caller keeps alive.

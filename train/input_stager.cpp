@@ -30,11 +30,14 @@ void InputStager::push(data::Batch b) {
   s.host = std::move(b);
   if (!s.images.defined() || s.images.shape() != s.host.images.shape() ||
       s.labels.shape() != s.host.labels.shape()) {
-    // A block fresh from the pool may still be read by queued compute work (the pool orders reuse
-    // by the compute stream only); the copy stream must not write it before that work is done.
-    compute_->synchronize();
-    s.images = Tensor::empty(pool_, s.host.images.shape(), s.host.images.dtype(), MemTag::data);
-    s.labels = Tensor::empty(pool_, s.host.labels.shape(), s.host.labels.dtype(), MemTag::data);
+    // The slots are written by the copy stream and read by the compute stream: allocated for the
+    // copy stream, the pool hands over no block that queued compute work may still read (it is
+    // stream-ordered), and record_stream makes their eventual free wait for compute's reads too.
+    // No host synchronisation.
+    s.images = Tensor::empty(pool_, s.host.images.shape(), s.host.images.dtype(), MemTag::data, copy_);
+    s.labels = Tensor::empty(pool_, s.host.labels.shape(), s.host.labels.dtype(), MemTag::data, copy_);
+    pool_.record_stream(s.images.raw(), compute_);
+    pool_.record_stream(s.labels.raw(), compute_);
     s.consumed = nullptr;
   }
   if (s.consumed) copy_->wait(*s.consumed);  // the micro-step that read this slot has run

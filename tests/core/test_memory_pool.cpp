@@ -12,6 +12,7 @@
 #include "core/alloc_trace.h"
 #include "core/errors.h"
 #include "core/memory_pool.h"
+#include "core/stream.h"
 
 using namespace replica;
 
@@ -491,4 +492,89 @@ TEST(StepPlan, ServesRepeatedStepsWithoutOverlapAndFallsBackOnDivergence) {
   pool->plan_clear();
   EXPECT_EQ(pool->stats().in_use, 0u);
   EXPECT_EQ(pool->stats().largest_free, size_t(2) << 30) << "everything coalesces back after the plan is cleared";
+}
+
+namespace {
+// A simulated asynchronous stream: a host work queue whose work "runs" only when the test says.
+// An event recorded on it is pending until then, like a CUDA event behind queued kernels.
+class QueueStream : public Stream {
+ public:
+  struct QueueEvent : Event {
+    QueueStream* s;
+    int64_t n;
+    QueueEvent(QueueStream* st, int64_t k) : s(st), n(k) {}
+    bool done() override { return s->completed >= n; }
+    void synchronize() override {  // the host waits: the queue runs up to here
+      s->host_waits++;
+      s->completed = std::max(s->completed, n);
+    }
+  };
+  const Device& device() const override { return d_; }
+  void synchronize() override { completed = recorded; }
+  std::shared_ptr<Event> record() override { return std::make_shared<QueueEvent>(this, ++recorded); }
+  void wait(Event& e) override { e.synchronize(); }
+  void run_all() { completed = recorded; }
+  int64_t recorded = 0, completed = 0, host_waits = 0;
+
+ private:
+  Device d_{DeviceKind::cpu, 0};
+};
+}  // namespace
+
+TEST(StreamOrderedPool, AFreedBlockGoesToAnotherStreamOnlyAfterItsEvent) {
+  auto pool = sim_pool(AllocatorMode::growth, 256 * MiB);
+  QueueStream a, b;
+  void* p = pool->allocate(MiB, MemTag::activations, &a);
+  pool->deallocate(p);  // a's queued work may still read it
+  void* q = pool->allocate(MiB, MemTag::activations, &b);
+  EXPECT_NE(q, p) << "handed to stream b while stream a's work on it is pending";
+  void* p2 = pool->allocate(MiB, MemTag::activations, &a);
+  EXPECT_EQ(p2, p) << "the same stream reuses it at once (its later work is ordered after)";
+  pool->deallocate(p2);
+  a.run_all();  // a's work is done: anyone may take it now
+  void* q2 = pool->allocate(MiB, MemTag::activations, &b);
+  EXPECT_EQ(q2, p);
+  EXPECT_EQ(a.host_waits + b.host_waits, 0) << "no host waits while something else fits";
+  for (void* x : {q, q2}) pool->deallocate(x);
+}
+
+TEST(StreamOrderedPool, RecordStreamMakesTheFreeWaitForTheOtherStream) {
+  auto pool = sim_pool(AllocatorMode::growth, 256 * MiB);
+  QueueStream copy, compute;
+  void* p = pool->allocate(MiB, MemTag::data, &copy);  // written by the copy stream...
+  pool->record_stream(p, &compute);                    // ...read by the compute stream
+  pool->deallocate(p);
+  copy.run_all();  // the copy is done, compute's read is not
+  void* q = pool->allocate(MiB, MemTag::data, &copy);
+  EXPECT_NE(q, p) << "the copy stream reused a block the compute stream may still read";
+  compute.run_all();
+  pool->deallocate(q);
+  void* r = pool->allocate(MiB, MemTag::data, &copy);
+  EXPECT_TRUE(r == p || r == q);
+  pool->deallocate(r);
+}
+
+TEST(StreamOrderedPool, WhenNothingElseFitsThePendingBlockIsTakenAfterAHostWait) {
+  auto pool = sim_pool(AllocatorMode::preallocate, 4 * MiB);
+  QueueStream a, b;
+  void* p = pool->allocate(4 * MiB, MemTag::activations, &a);
+  pool->deallocate(p);
+  void* q = pool->allocate(4 * MiB, MemTag::activations, &b);  // the only block there is
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(a.host_waits, 1) << "stream a's event was waited for before the hand-over";
+  EXPECT_EQ(a.completed, a.recorded);
+  pool->deallocate(q);
+  // Coalesced neighbours keep every event: two halves freed on a, then one block for b.
+  b.run_all();
+  void* h1 = pool->allocate(2 * MiB, MemTag::activations, &a);
+  void* h2 = pool->allocate(2 * MiB, MemTag::activations, &a);
+  pool->deallocate(h1);
+  pool->deallocate(h2);
+  const int64_t waits = a.host_waits;
+  void* whole = pool->allocate(4 * MiB, MemTag::activations, &b);
+  EXPECT_EQ(whole, h1 < h2 ? h1 : h2);
+  EXPECT_GT(a.host_waits, waits) << "the merged block waited for both halves' events";
+  EXPECT_EQ(a.completed, a.recorded);
+  pool->deallocate(whole);
+  EXPECT_EQ(pool->stats().in_use, 0u);
 }
