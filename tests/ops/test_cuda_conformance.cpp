@@ -8,6 +8,8 @@
 // Integer outputs (argmax, correct counts) and casts must agree exactly. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -189,6 +191,57 @@ TEST_P(CudaConformance, BatchNorm) {
     expect_close("batchnorm+relu backward dx", out[1][11], out[0][11], t);
     expect_close("batchnorm+relu eval", out[1][12], out[0][12], t);
   }
+}
+
+// Shapes large enough for the kernels' multi-block and tail paths, run from a second host
+// thread on a non-default stream (as a replica thread does): an elementwise tensor of 3 blocks of
+// 4 x 256 elements plus a remainder, softmax over K > 1024 classes, batch norm with C > 32 (more
+// than one channel block) and M large enough for several row blocks.
+TEST_P(CudaConformance, LargeShapesOnAnotherThreadAndStream) {
+  const DType dt = GetParam();
+  const int64_t E = 3 * 4 * 256 + 37;
+  const Shape esh{1, 1, 1, E};
+  auto av = randv(E, 31), bv = randv(E, 32);
+  const int64_t N = 5, K = 1500;
+  auto logits = randv(N * K, 33, -4.f, 4.f);
+  std::vector<int32_t> labels{0, 1499, 700, 1024, 3};
+  const Shape bsh{16, 17, 9, 72};
+  auto xv = randv(bsh.numel(), 34, -2.f, 3.f), gv = randv(72, 35, 0.5f, 1.5f), bb = randv(72, 36);
+  auto rm = randv(72, 37), rv = randv(72, 38, 0.5f, 2.f);
+  Tensor o[2][5];
+  ops::Backend::LossResult loss[2];
+  std::thread worker([&] {
+    int i = 0;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      auto stream = make_stream(s->device);
+      set_current_stream(stream.get());
+      Tensor a = s->put(av, esh, dt), b = s->put(bv, esh, dt);
+      o[i][0] = s->empty(esh, dt);
+      s->be->add_relu(a, b, o[i][0]);
+      Tensor z = s->put(logits, {N, K}, dt), lab = s->put_i32(labels);
+      o[i][1] = s->empty({N, K});
+      loss[i] = s->be->softmax_xent_forward(z, lab, o[i][1]);
+      o[i][2] = s->empty({N, K}, dt);
+      s->be->softmax_xent_backward(o[i][1], lab, 0.2f, o[i][2]);
+      Tensor x = s->put(xv, bsh, dt), g = s->put(gv, {72}, dt), be = s->put(bb, {72}, dt);
+      o[i][3] = s->empty(bsh, dt);
+      Tensor m = s->empty({72}), inv = s->empty({72}), rmt = s->put(rm, {72}), rvt = s->put(rv, {72});
+      s->be->batchnorm_forward_train(x, g, be, o[i][3], m, inv, rmt, rvt, 0.1f, 1e-5f, nullptr, true);
+      o[i][4] = inv;
+      stream->synchronize();
+      set_current_stream(nullptr);
+      i++;
+    }
+  });
+  worker.join();
+  const double t = tol(dt);
+  expect_close("add_relu, 3 blocks + tail", o[1][0], o[0][0], t);
+  expect_close("softmax K=1500 probabilities", o[1][1], o[0][1], t);
+  expect_close("softmax K=1500 backward", o[1][2], o[0][2], t);
+  expect_close("batchnorm+relu C=72 M=2448", o[1][3], o[0][3], t);
+  expect_close("batchnorm invstd C=72", o[1][4], o[0][4], std::max(t / 10, 2e-5));
+  EXPECT_NEAR(loss[1].loss_sum, loss[0].loss_sum, 1e-4 + tol(dt) * std::abs(loss[0].loss_sum));
+  EXPECT_EQ(loss[1].correct, loss[0].correct);
 }
 
 // A non-finite running mean (one fp16 overflow is enough) must not change training-mode outputs,
@@ -417,7 +470,7 @@ TrainingRun train_run(const std::string& devices, const std::string& precision) 
 
 TEST(CudaTraining, TwentyStepsOfResNet20TrackTheCpuRun) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
-  for (const char* precision : {"fp32", "fp16"}) {
+  for (const char* precision : {"fp32", "fp16", "bf16"}) {
     const TrainingRun cr = train_run("cpu:1", precision), gr = train_run("cuda:0", precision);
     const auto &c = cr.losses, &g = gr.losses;
     ASSERT_EQ(c.size(), 20u);
@@ -429,6 +482,7 @@ TEST(CudaTraining, TwentyStepsOfResNet20TrackTheCpuRun) {
     for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, replica::testing::rel_diff(&g[i], &c[i], 1));
     // fp32: rounding differences grow through 20 SGD steps; fp16: plus 16-bit rounding everywhere.
     const bool f32 = std::string(precision) == "fp32";
+    // bf16 keeps 8 bits of mantissa: its tolerances are fp16's (the same 16-bit storage paths).
     EXPECT_LT(worst, f32 ? 2e-3 : 3e-2) << precision;
     // The parameters, relative to the largest: the CPU twin (Equivalence) holds 2e-5 between CPU
     // runs; CPU vs GPU sums in other orders (cuDNN's algorithms) for 20 steps, so 1e-3 / 2e-2,
