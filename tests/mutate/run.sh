@@ -12,9 +12,17 @@ list="$root/tests/mutate/mutations.txt"
 work="${REPLICA_MUTATE_DIR:-$root/build-mutate}"
 src="$work/src" bld="$work/build"
 mkdir -p "$src"
-# Refresh the copy: tracked and untracked-but-not-ignored files, as they are now.
+# Refresh the copy: tracked and untracked-but-not-ignored files, as they are now. Only files whose
+# contents differ are copied, with a new time stamp, so the incremental build sees every change
+# (a copy keeping the source's older time stamp could hide one from ninja).
 (cd "$root" && git ls-files -z --cached --others --exclude-standard) |
-  (cd "$root" && xargs -0 cp --parents -p -t "$src" 2>/dev/null || true)
+  while IFS= read -r -d '' f; do
+    [ -f "$root/$f" ] || continue
+    if ! cmp -s "$root/$f" "$src/$f"; then
+      mkdir -p "$src/$(dirname "$f")"
+      cp "$root/$f" "$src/$f"
+    fi
+  done
 if [ ! -f "$bld/build.ninja" ]; then
   cmake -S "$src" -B "$bld" -G Ninja -DCMAKE_BUILD_TYPE=Release -DREPLICA_CUDA=OFF >/dev/null
 fi
