@@ -12,6 +12,7 @@
 #include "core/errors.h"
 #include "core/pools.h"
 #include "ops/models/resnet.h"
+#include "ops/nn/training_pass.h"
 #include "optim/optimizer.h"
 #include "train/memplan.h"
 #include "train/trainer.h"
@@ -42,12 +43,8 @@ Peak one_step(const models::ResNetConfig& mc, int64_t batch, DType dt, int reps 
   {
     nn::Context ctx(*pool, be, true);
     ctx.act_dtype = dt;
-    Tensor logits = model->forward(ctx, x);
-    Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);
-    be.softmax_xent_forward(logits, y, probs);
-    Tensor d = ctx.alloc(logits.shape());
-    be.softmax_xent_backward(probs, y, 1.f / batch, d);
-    logits = probs = Tensor();
+    Tensor d;
+    nn::forward_and_loss(ctx, *model, x, y, 1.f / batch, d);
     model->backward(ctx, d);
   }
   sgd.step(model->params(), model->grads(), 0.1f);

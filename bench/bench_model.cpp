@@ -12,6 +12,7 @@
 #include "core/pools.h"
 #include "ops/cpu/threads.h"
 #include "ops/models/resnet.h"
+#include "ops/nn/training_pass.h"
 
 using namespace replica;
 using Clock = std::chrono::steady_clock;
@@ -64,11 +65,8 @@ int main(int argc, char** argv) {
 
   auto step = [&] {
     nn::Context ctx(*pool, be, true);
-    Tensor logits = model->forward(ctx, x);
-    Tensor probs = ctx.alloc(logits.shape());
-    be.softmax_xent_forward(logits, labels, probs);
-    Tensor d = ctx.alloc(logits.shape());
-    be.softmax_xent_backward(probs, labels, 1.f / batch, d);
+    Tensor d;
+    nn::forward_and_loss(ctx, *model, x, labels, 1.f / batch, d);
     model->zero_grad();
     model->backward(ctx, d);
   };

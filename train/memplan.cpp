@@ -8,6 +8,7 @@
 #include "core/cuda/runtime.h"
 #include "core/pools.h"
 #include "ops/models/resnet.h"
+#include "ops/nn/training_pass.h"
 #include "optim/optimizer.h"
 #include "train/factory.h"
 #include "train/trainer.h"
@@ -44,13 +45,8 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
     nn::Context ctx(*pool, be, true);
     ctx.act_dtype = dt;
     ctx.bn_frozen = cfg.model.freeze_bn;
-    Tensor logits = model->forward(ctx, x);
-    Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);
-    be.softmax_xent_forward(logits, y, probs);
-    Tensor d = ctx.alloc(logits.shape());
-    be.softmax_xent_backward(probs, y, 1.f / b, d);
-    logits = Tensor();
-    probs = Tensor();
+    Tensor d;
+    nn::forward_and_loss(ctx, *model, x, y, 1.f / b, d);  // as the replica step does it
     model->backward(ctx, d);
     opt->step(model->params(), model->grads(), 0.f);
   };

@@ -1,6 +1,8 @@
 // ReplicaStep implementation.
 #include "train/replica_step.h"
 
+#include "ops/nn/training_pass.h"
+
 #include <cmath>
 #include <optional>
 
@@ -39,15 +41,10 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   const int track = 2 * rep_.rank();
   std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
   fwd.emplace(o_.timeline, track, "forward", "compute");
-  Tensor logits = model_.forward(ctx, images);
-  Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);  // softmax in f32
-  auto r = be.softmax_xent_forward(logits, labels, probs);
-  logits = Tensor();
-  Tensor dlogits = ctx.alloc(probs.shape());
   const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
   const float weight = scale / static_cast<float>(o_.micro_batch * o_.accumulation);
-  be.softmax_xent_backward(probs, labels, weight, dlogits);
-  probs = Tensor();
+  Tensor dlogits;
+  const auto r = nn::forward_and_loss(ctx, model_, images, labels, weight, dlogits);
   fwd.reset();
   {
     Timeline::Scope bwd(o_.timeline, track, last ? "backward (buckets all-reduce as they fill)" : "backward (no_sync)",

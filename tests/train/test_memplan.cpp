@@ -13,7 +13,10 @@ std::vector<std::string> sets(const std::string& precision, const std::string& m
   std::vector<std::string> s = {"data.dataset=synthetic", "data.synthetic_size=512", "data.mean=[0.5]", "data.std=[0.25]",
                                 "train.global_batch=64", "train.micro_batch=" + micro, "train.max_steps=3",
                                 "train.eval=false", "train.tensorboard=false", "checkpoint.every_epochs=0",
-                                "train.run_dir=" + ::testing::TempDir() + "/memplan", "parallel.devices=cpu:1",
+                                // One run directory per test: ctest runs tests in parallel, and a run directory has one writer.
+                                "train.run_dir=" + ::testing::TempDir() + "/memplan_" +
+                                    ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                "parallel.devices=cpu:1",
                                 "train.precision=" + precision};
   if (!extra.empty()) s.push_back(extra);
   return s;

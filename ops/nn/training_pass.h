@@ -1,0 +1,16 @@
+// The forward half of one training pass, written once for the replica step, the memory planner
+// and the benchmarks: forward, softmax cross-entropy in f32, and the gradient of weight x the
+// summed loss into `dlogits`. The caller then runs model.backward(ctx, dlogits) (the step times
+// the two halves separately). Logits and probabilities are released before it returns, so
+// backward starts with only what it needs.
+#pragma once
+#include "ops/backend.h"
+#include "ops/nn/context.h"
+#include "ops/nn/model.h"
+
+namespace replica::nn {
+
+ops::Backend::LossResult forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels,
+                                          float weight, Tensor& dlogits);
+
+}  // namespace replica::nn
