@@ -60,7 +60,7 @@ if [ "$mode" = "--test" ]; then
   phase "tsan: configure" cmake --preset tsan
   phase "tsan: build" cmake --build build-tsan -j "$jobs" --target test_parallel test_data
   phase "tsan: communicator, gradient sync, replica group, loader" env TSAN_OPTIONS=halt_on_error=1 \
-    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|Sharding|Loader|Readers)"
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|CommClique|AllReduce|Sizes/AllReduce|Sharding|Loader|Readers)"
 elif [ "$mode" = "--run" ]; then
   cmake --preset default
   cmake --build build -j "$jobs" --target replica

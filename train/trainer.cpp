@@ -115,18 +115,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   aug_ = {cfg_.data.pad_crop, cfg_.data.hflip, cfg_.data.mean, cfg_.data.std};
   sharding_ = std::make_unique<data::Sharding>(train_->size(), micro_, accumulation_, R, cfg_.train.seed, true);
 
-  const int64_t spe = sharding_->steps_per_epoch();
-  total_steps_ = std::max<int64_t>(1, std::llround(cfg_.train.epochs * spe));
-  if (cfg_.train.max_steps) total_steps_ = std::min(total_steps_, cfg_.train.max_steps);
-  sched_.kind = cfg_.optim.schedule;
-  sched_.base_lr = static_cast<float>(cfg_.optim.scale_lr ? optim::scaled_lr(cfg_.optim.lr, B) : cfg_.optim.lr);
-  sched_.warmup_steps = std::llround(cfg_.optim.warmup_epochs * spe);
-  sched_.warmup_start_factor = static_cast<float>(cfg_.optim.warmup_start_factor);
-  sched_.total_steps = std::max<int64_t>(1, std::llround(cfg_.train.epochs * spe));
-  sched_.min_lr = static_cast<float>(cfg_.optim.min_lr);
-  sched_.gamma = static_cast<float>(cfg_.optim.gamma);
-  for (double m : cfg_.optim.milestones) sched_.milestones.push_back(std::llround(m * spe));
-  optim::validate(sched_);
+  init_schedule();
 
   const DType compute = parse_dtype(cfg_.train.precision);
   if (!opts_.trace.empty()) {
@@ -142,43 +131,64 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     group_->replica(0).pool().set_trace(alloc_trace_.get());
   }
   states_.resize(group_->size());
-  group_->run([&](parallel::Replica& rep) {
-    auto& st = states_[rep.local_index()];
-    rep.pool().set_oom_advice(memory_advice);  // an out-of-memory says what to change in the config
-    if (rep.device().kind == DeviceKind::cpu) ops::set_intra_op_threads(cfg_.parallel.intra_op_threads);
-    st.model = make_model(cfg_, s, train_->classes());
-    st.model->materialize(rep.pool(), cfg_.train.seed, compute);
-    // Same seed everywhere already; the broadcast makes "rank 0's weights" a guarantee.
-    parallel::broadcast_from_root(rep.comm(), st.model->params());
-    parallel::broadcast_from_root(rep.comm(), st.model->buffers());
-    st.opt = make_optimizer(cfg_.optim, *st.model, rep.pool());
-    st.scaler = make_loss_scaler(cfg_.train);
-    StepOptions so;
-    so.accumulation = accumulation_;
-    so.micro_batch = micro_;
-    so.sync_bn = cfg_.parallel.sync_bn;
-    so.bn_frozen = cfg_.model.freeze_bn;
-    so.activations = compute;
-    so.scaler = st.scaler.get();
-    so.clip_grad_norm = cfg_.optim.clip_grad_norm;
-    so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
-    so.timeline = timeline_.get();
-    st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
-    st.staging = make_staging_pool(rep.device());
-    // A GPU replica's host cores are free: its loader uses a share of them.
-    const int workers = rep.device().kind == DeviceKind::cuda
-                            ? std::max(1, std::min(8, host_core_count() / std::max(1, group_->size()) - 1))
-                            : 1;
-    st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), st.input_pool(rep), aug_,
-                                                      cfg_.train.seed, cfg_.data.prefetch, workers);
-    Stream* copy = rep.copy_stream();
-    if (!copy && env_flag("REPLICA_STAGE_AHEAD")) {  // the GPU input order on a CPU replica (tests)
-      st.stage_stream = make_stream(rep.device());
-      copy = st.stage_stream.get();
-    }
-    st.inputs = std::make_unique<InputStager>(rep.pool(), copy, &rep.stream());
-  });
+  group_->run([&](parallel::Replica& rep) { init_replica(rep, s, compute); });
   if (!opts_.resume.empty()) load_resume_point();
+}
+
+// The step count and the learning-rate schedule, in steps of this run's global batch.
+void Trainer::init_schedule() {
+  const int64_t spe = sharding_->steps_per_epoch();
+  total_steps_ = std::max<int64_t>(1, std::llround(cfg_.train.epochs * spe));
+  if (cfg_.train.max_steps) total_steps_ = std::min(total_steps_, cfg_.train.max_steps);
+  sched_.kind = cfg_.optim.schedule;
+  const auto& o = cfg_.optim;
+  sched_.base_lr = static_cast<float>(o.scale_lr ? optim::scaled_lr(o.lr, cfg_.train.global_batch) : o.lr);
+  sched_.warmup_steps = std::llround(cfg_.optim.warmup_epochs * spe);
+  sched_.warmup_start_factor = static_cast<float>(cfg_.optim.warmup_start_factor);
+  sched_.total_steps = std::max<int64_t>(1, std::llround(cfg_.train.epochs * spe));
+  sched_.min_lr = static_cast<float>(cfg_.optim.min_lr);
+  sched_.gamma = static_cast<float>(cfg_.optim.gamma);
+  for (double m : cfg_.optim.milestones) sched_.milestones.push_back(std::llround(m * spe));
+  optim::validate(sched_);
+}
+
+// One replica's model (rank 0's weights everywhere), optimizer, scaler, step, loader and input
+// stager, built on its own thread (its device and stream are current there).
+void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute) {
+  auto& st = states_[rep.local_index()];
+  rep.pool().set_oom_advice(memory_advice);  // an out-of-memory says what to change in the config
+  if (rep.device().kind == DeviceKind::cpu) ops::set_intra_op_threads(cfg_.parallel.intra_op_threads);
+  st.model = make_model(cfg_, s, train_->classes());
+  st.model->materialize(rep.pool(), cfg_.train.seed, compute);
+  // Same seed everywhere already; the broadcast makes "rank 0's weights" a guarantee.
+  parallel::broadcast_from_root(rep.comm(), st.model->params());
+  parallel::broadcast_from_root(rep.comm(), st.model->buffers());
+  st.opt = make_optimizer(cfg_.optim, *st.model, rep.pool());
+  st.scaler = make_loss_scaler(cfg_.train);
+  StepOptions so;
+  so.accumulation = accumulation_;
+  so.micro_batch = micro_;
+  so.sync_bn = cfg_.parallel.sync_bn;
+  so.bn_frozen = cfg_.model.freeze_bn;
+  so.activations = compute;
+  so.scaler = st.scaler.get();
+  so.clip_grad_norm = cfg_.optim.clip_grad_norm;
+  so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
+  so.timeline = timeline_.get();
+  st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
+  st.staging = make_staging_pool(rep.device());
+  // A GPU replica's host cores are free: its loader uses a share of them.
+  const int workers = rep.device().kind == DeviceKind::cuda
+                          ? std::max(1, std::min(8, host_core_count() / std::max(1, group_->size()) - 1))
+                          : 1;
+  st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), st.input_pool(rep), aug_,
+                                                    cfg_.train.seed, cfg_.data.prefetch, workers);
+  Stream* copy = rep.copy_stream();
+  if (!copy && env_flag("REPLICA_STAGE_AHEAD")) {  // the GPU input order on a CPU replica (tests)
+    st.stage_stream = make_stream(rep.device());
+    copy = st.stage_stream.get();
+  }
+  st.inputs = std::make_unique<InputStager>(rep.pool(), copy, &rep.stream());
 }
 
 std::string Trainer::checkpoint_dir() const {

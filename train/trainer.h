@@ -80,6 +80,8 @@ class Trainer {
     std::unique_ptr<InputStager> inputs;  // batches to the device ahead of use (copy stream)
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
+  void init_schedule();
+  void init_replica(parallel::Replica& rep, const Shape& sample, DType compute);
   // Evaluation on the replicas' averaged statistics; the training state is left as it was.
   EvalResult evaluate_on(parallel::Replica& rep);
   EvalResult evaluate_averaged(parallel::Replica& rep);  // with the statistics already averaged
