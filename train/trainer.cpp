@@ -199,11 +199,12 @@ std::string Trainer::checkpoint_dir() const {
 void Trainer::save_checkpoint(parallel::Replica& rep, FitLoop& loop, CheckpointPolicy& checkpoints,
                               int64_t global_step, int64_t epoch, int64_t step_in_epoch) {
   checkpoints.saved(global_step);
-  const std::string path = write_checkpoint_file(rep, global_step, epoch, step_in_epoch);
+  const std::string path = write_checkpoint_file(rep, checkpoints, global_step, epoch, step_in_epoch);
   if (rep.rank() == 0) loop.result.last_checkpoint = path;
 }
 
-std::string Trainer::write_checkpoint_file(parallel::Replica& rep, int64_t global_step, int64_t epoch,
+std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const CheckpointPolicy& policy, int64_t global_step,
+                                           int64_t epoch,
                                            int64_t step_in_epoch) {
   // Every replica's batch-norm statistics, gathered to all (they live in other processes under MPI).
   Tensor& mine = states_[rep.local_index()].model->buffers();
@@ -237,9 +238,9 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, int64_t globa
       auto ss = st.scaler->state();
       c.sections["scaler"] = std::string(reinterpret_cast<const char*>(&ss), sizeof ss);
     }
-    path = checkpoint_path(checkpoint_dir(), global_step);
+    path = checkpoint_path(policy.dir(), global_step);
     write_checkpoint(c, path);
-    rotate_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last);
+    rotate_checkpoints(policy.dir(), policy.keep_last());
   }
   rep.comm().barrier();
   return path;

@@ -108,7 +108,8 @@ class Trainer {
   // Called on every replica at the same step (rank 0 writes); records it in the loop.
   void save_checkpoint(parallel::Replica& rep, FitLoop& loop, CheckpointPolicy& checkpoints, int64_t global_step,
                        int64_t epoch, int64_t step_in_epoch);
-  std::string write_checkpoint_file(parallel::Replica& rep, int64_t global_step, int64_t epoch, int64_t step_in_epoch);
+  std::string write_checkpoint_file(parallel::Replica& rep, const CheckpointPolicy& policy, int64_t global_step,
+                                    int64_t epoch, int64_t step_in_epoch);
   // Loads the newest valid checkpoint (falling back with a warning past damaged ones).
   void load_resume_point();
   std::string checkpoint_dir() const;

@@ -26,30 +26,30 @@ fi
 grep -q "2 replicas" "$work/two.log" || { echo "FAIL: the MPI run did not see 2 replicas"; cat "$work/two.log"; exit 1; }
 echo "identical model.bin (bit for bit)"
 
+# Runs the collectives test with one planted fault; it must fail (not hang, not exit 0) within
+# 30 s. Sets rc and elapsed; the log is $work/$1.log.
+faulty_run() {
+  local name="$1"; shift
+  local start=$(date +%s)
+  set +e
+  timeout 60 "${mpirun[@]}" "$build/tests/test_mpi_collectives" "$@" > "$work/$name.log" 2>&1
+  rc=$?
+  set -e
+  elapsed=$(( $(date +%s) - start ))
+  if [ "$rc" -eq 0 ]; then echo "FAIL: the job exited 0"; cat "$work/$name.log"; exit 1; fi
+  if [ "$rc" -eq 124 ]; then echo "FAIL: the job hung"; cat "$work/$name.log"; exit 1; fi
+  [ "$elapsed" -le 30 ] || { echo "FAIL: took ${elapsed} s"; exit 1; }
+}
+
 echo "== a failing rank"
-start=$(date +%s)
-set +e
-timeout 60 "${mpirun[@]}" "$build/tests/test_mpi_collectives" --fail-rank 1 > "$work/fail.log" 2>&1
-rc=$?
-set -e
-elapsed=$(( $(date +%s) - start ))
-if [ "$rc" -eq 0 ]; then echo "FAIL: the job exited 0"; cat "$work/fail.log"; exit 1; fi
-if [ "$rc" -eq 124 ]; then echo "FAIL: the job hung"; cat "$work/fail.log"; exit 1; fi
+faulty_run fail --fail-rank 1
 grep -q "global rank 1" "$work/fail.log" || { echo "FAIL: no message naming rank 1"; cat "$work/fail.log"; exit 1; }
 grep -q "planted failure" "$work/fail.log" || { echo "FAIL: the cause is not reported"; cat "$work/fail.log"; exit 1; }
-[ "$elapsed" -le 30 ] || { echo "FAIL: took ${elapsed} s"; exit 1; }
 echo "job died in ${elapsed} s with exit code $rc, naming global rank 1"
 
 echo "== a stopped rank is named"
-start=$(date +%s)
-set +e
-timeout 60 "${mpirun[@]}" "$build/tests/test_mpi_collectives" --stall-rank 1 > "$work/stall.log" 2>&1
-rc=$?
-set -e
-elapsed=$(( $(date +%s) - start ))
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then echo "FAIL: exit code $rc"; cat "$work/stall.log"; exit 1; fi
+faulty_run stall --stall-rank 1
 grep -q "process 1 (global rank 1) never reached it" "$work/stall.log" ||
   { echo "FAIL: the stopped rank is not named"; cat "$work/stall.log"; exit 1; }
-[ "$elapsed" -le 30 ] || { echo "FAIL: took ${elapsed} s"; exit 1; }
 echo "job died in ${elapsed} s naming the stopped process:"
 grep "never reached" "$work/stall.log" | head -1
