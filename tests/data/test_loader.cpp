@@ -120,7 +120,10 @@ TEST(Readers, SyntheticSamplesAreDeterministicAndIndependent) {
 }
 
 namespace {
-std::string tmp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+// Per test: ctest runs the tests of this file in parallel, and two of them write "lab".
+std::string tmp(const std::string& name) {
+  return ::testing::TempDir() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name;
+}
 void write(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
