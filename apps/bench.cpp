@@ -21,15 +21,6 @@ namespace replica::apps {
 
 using Clock = std::chrono::steady_clock;
 
-size_t parse_size(const std::string& s) {
-  size_t pos = 0;
-  double v = std::stod(s, &pos);
-  std::string u = s.substr(pos);
-  double m = u.empty() ? 1 : u == "K" ? 1024.0 : u == "M" ? 1048576.0 : u == "G" ? 1073741824.0 : -1;
-  if (m < 0) throw ConfigError("size '" + s + "': use a number with an optional K, M or G suffix");
-  return static_cast<size_t>(v * m);
-}
-
 int bench_allreduce(const AllreduceBenchOptions& o) {
   auto devices = parse_devices(o.devices);
   const int R = static_cast<int>(devices.size());

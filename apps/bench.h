@@ -31,6 +31,5 @@ int bench_train(const TrainBenchOptions& o);
 // reports peak reserved / peak live and fragmentation over time.
 int bench_alloc(const std::string& csv);
 
-size_t parse_size(const std::string& s);  // "8", "1K", "128M", "1G"
 
 }  // namespace replica::apps

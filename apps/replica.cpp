@@ -5,9 +5,11 @@
 #include <filesystem>
 
 #include "apps/bench.h"
+#include "apps/build_info.h"
 #include "core/cuda/runtime.h"
 #include "core/device.h"
 #include "core/errors.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "core/memory_pool.h"
 #include "core/pools.h"
@@ -15,10 +17,12 @@
 #include "parallel/mpi/mpi_communicator.h"
 #include "parallel/nccl/nccl_communicator.h"
 #include "train/checkpoint.h"
+#include "train/factory.h"
 #include "train/memplan.h"
 #include "train/model_io.h"
 #include "train/signals.h"
 #include "train/trainer.h"
+#include "train/weights_interop.h"
 
 using namespace replica;
 
@@ -34,7 +38,7 @@ int cmd_devices(const std::string& config, const std::vector<std::string>& sets)
   if (gpus.empty()) std::printf("  no GPU: %s\n", why.c_str());
   for (auto& g : gpus) {
     PoolOptions o = default_pool_options(DeviceKind::cuda);
-    size_t take = o.bytes ? o.bytes : static_cast<size_t>(g.total_memory * o.fraction);
+    const size_t take = pool_capacity(o, g.total_memory, g.device.str());
     std::printf("  %s  %s  cc %d.%d  %d SMs  memory %s total, %s free  %s  pool: %s %s%s\n", g.device.str().c_str(),
                 g.name.c_str(), g.cc_major, g.cc_minor, g.multiprocessors, format_bytes(g.total_memory).c_str(),
                 format_bytes(g.free_memory).c_str(), g.uuid.c_str(), allocator_mode_name(o.mode),
@@ -47,12 +51,9 @@ int cmd_devices(const std::string& config, const std::vector<std::string>& sets)
               format_bytes(cpu.total_memory).c_str(), format_bytes(cpu.free_memory).c_str());
   std::printf("This configuration (%s) uses %zu replica(s):\n", cfg.parallel.devices.c_str(), devices.size());
   for (auto& d : devices) {
-    PoolOptions o = default_pool_options(d.kind);
-    if (cfg.memory.mode) o.mode = parse_allocator_mode(*cfg.memory.mode, "memory.mode");
-    if (cfg.memory.fraction) o.fraction = *cfg.memory.fraction;
-    if (cfg.memory.bytes) o.bytes = *cfg.memory.bytes;
-    size_t total = d.kind == DeviceKind::cpu ? host_physical_memory() : gpus.at(d.index).total_memory;
-    size_t cap = o.bytes ? o.bytes : static_cast<size_t>(total * o.fraction);
+    const PoolOptions o = train::pool_options(cfg.memory, d.kind);
+    const size_t total = d.kind == DeviceKind::cpu ? host_physical_memory() : gpus.at(d.index).total_memory;
+    const size_t cap = pool_capacity(o, total, d.str());
     std::printf("  %s: pool %s, %s %s\n", d.str().c_str(), allocator_mode_name(o.mode),
                 o.mode == AllocatorMode::preallocate ? "takes" : "may grow to", format_bytes(cap).c_str());
   }
@@ -88,11 +89,63 @@ int cmd_eval(const std::string& config, const std::vector<std::string>& sets, co
   return 0;
 }
 
+// A Trainer for `config` (or the run directory's config.yaml next to `model_path`) on one CPU
+// replica, for the commands that only need the model it builds.
+std::unique_ptr<train::Trainer> model_host(std::string config, std::vector<std::string> sets, const std::string& model_path) {
+  if (config.empty() && !model_path.empty()) {
+    const auto beside = std::filesystem::path(model_path).parent_path() / "config.yaml";
+    if (std::filesystem::exists(beside)) config = beside.string();
+  }
+  sets.push_back("parallel.devices=cpu:1");  // one replica is enough to hold the weights
+  auto cfg = train::load_config(config, sets);
+  cfg.model.init_from.clear();
+  return std::make_unique<train::Trainer>(cfg, train::TrainerOptions{.print = false, .on_step = nullptr});
+}
+
+std::string safetensors_dtype(const std::string& d) {
+  if (d == "fp32") return "F32";
+  if (d == "fp16") return "F16";
+  if (d == "bf16") return "BF16";
+  throw ConfigError("--dtype " + d + ": use fp32, fp16 or bf16");
+}
+
+int cmd_export(const std::string& config, const std::vector<std::string>& sets, const std::string& model_path,
+               const std::string& format, const std::string& dtype, const std::string& out) {
+  if (format != "safetensors") throw ConfigError("--format " + format + ": the format written is safetensors");
+  if (model_path.empty()) throw ConfigError("export: give --model RUN_DIR/model.bin");
+  auto t = model_host(config, sets, model_path);
+  std::string bytes;
+  t->group().run([&](parallel::Replica& rep) {
+    auto& m = t->model(rep.local_index());
+    train::load_model(m, model_path);
+    bytes = train::export_safetensors(m, {.dtype = safetensors_dtype(dtype)});
+  });
+  write_file_atomic(out, bytes);
+  std::printf("%s: %s with PyTorch's names (%s), %s\n", out.c_str(), t->model(0).name().c_str(), dtype.c_str(),
+              format_bytes(bytes.size()).c_str());
+  return 0;
+}
+
+int cmd_import(const std::string& config, const std::vector<std::string>& sets, const std::string& in,
+               const std::string& out) {
+  if (out.empty()) throw ConfigError("import: give --out MODEL.bin (where the replica model file goes)");
+  auto t = model_host(config, sets, "");
+  t->group().run([&](parallel::Replica& rep) {
+    auto& m = t->model(rep.local_index());
+    const auto r = train::import_safetensors(m, read_file(in, "safetensors file"), in);
+    train::save_model(m, m.params(), m.buffers(), out);
+    std::printf("%s: %ld tensors (%s) from %s into a %s\n", out.c_str(), static_cast<long>(r.tensors), r.dtype.c_str(),
+                in.c_str(), m.name().c_str());
+  });
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"replica: data-parallel training of ResNets on CPU replicas and GPUs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", apps::version_report());
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "debug, info, warn, error or off");
 
@@ -113,6 +166,19 @@ int main(int argc, char** argv) {
   add_common(eval_cmd);
   eval_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)");
   eval_cmd->add_option("--checkpoint", checkpoint, "a checkpoint file, or RUN_DIR for its newest checkpoint");
+  std::string format = "safetensors", dtype = "fp32", st_path, out_path;
+  auto* export_cmd = app.add_subcommand("export", "write a model's weights as safetensors with PyTorch's names");
+  export_cmd->add_option("out", out_path, "the .safetensors file to write")->required();
+  export_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)")->required();
+  export_cmd->add_option("--config", config, "the run's configuration (default: config.yaml beside the model)");
+  export_cmd->add_option("--set", sets, "override a key (repeatable)");
+  export_cmd->add_option("--format", format, "safetensors");
+  export_cmd->add_option("--dtype", dtype, "fp32 (default), fp16 or bf16");
+  auto* import_cmd = app.add_subcommand("import", "read PyTorch-named safetensors weights into a replica model file");
+  import_cmd->add_option("in", st_path, "the .safetensors file (e.g. a torchvision state_dict)")->required();
+  import_cmd->add_option("--out", out_path, "the model file to write (MODEL.bin)")->required();
+  import_cmd->add_option("--config", config, "configuration that builds the model (default: the built-in)");
+  import_cmd->add_option("--set", sets, "override a key (repeatable)");
   auto* dev_cmd = app.add_subcommand("devices", "list devices and the memory pool each would take");
   add_common(dev_cmd);
   auto* plan_cmd = app.add_subcommand("memplan", "memory per replica by tag, whether it fits, the largest micro-batch");
@@ -171,6 +237,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*eval_cmd) return cmd_eval(config, sets, model_path, checkpoint);
+    if (*export_cmd) return cmd_export(config, sets, model_path, format, dtype, out_path);
+    if (*import_cmd) return cmd_import(config, sets, st_path, out_path);
     if (*dev_cmd) return cmd_devices(config, sets);
     if (*plan_cmd) {
       auto cfg = train::load_config(config, sets);
@@ -178,8 +246,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*ar_cmd) {
-      ar.min_bytes = apps::parse_size(min_s);
-      ar.max_bytes = apps::parse_size(max_s);
+      ar.min_bytes = parse_bytes(min_s, "--min");
+      ar.max_bytes = parse_bytes(max_s, "--max");
       return apps::bench_allreduce(ar);
     }
     if (*tb_cmd) return apps::bench_train(tb);

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/memory_pool.h"
+#include "core/memory/resource.h"
 
 namespace replica {
 

@@ -5,20 +5,6 @@
 
 namespace replica::optim {
 
-std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_bn_bias) {
-  std::vector<ParamGroup> g;
-  for (const auto& p : reg.params()) {
-    bool decay = !(no_decay_bn_bias && p.kind != nn::ParamKind::weight);
-    int64_t n = p.shape.numel();
-    if (!g.empty() && g.back().decay == decay && g.back().offset + g.back().count <= p.offset) {
-      g.back().count = p.offset + n - g.back().offset;  // spans the alignment padding too (zeros)
-    } else {
-      g.push_back({p.offset, n, decay});
-    }
-  }
-  return g;
-}
-
 Sgd::Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o)
     : o_(o), groups_(make_groups(reg, o.no_decay_bn_bias)) {
   momentum_ = Tensor::zeros(pool, {std::max<int64_t>(total, 1)}, DType::f32, MemTag::optimizer);

@@ -1,6 +1,7 @@
 // GradientSync: bucket layout, readiness counting, launch and wait; replica agreement checks.
 #include "parallel/gradient_sync.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -11,43 +12,85 @@ namespace replica::parallel {
 
 GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Communicator& comm,
                            BucketOptions o)
-    : grads_(std::move(grads)), comm_(comm) {
+    : offsets_(offsets), o_(std::move(o)), grads_(std::move(grads)), comm_(comm) {
   const int n = static_cast<int>(offsets.size());
-  bucket_of_slot_.assign(n, -1);
   marked_.assign(n, false);
-  const int64_t total = grads_.numel();
-  double cap = o.first_bucket_mb * 1048576.0;
-  // Bucket sizes count the bytes that travel: 2 per element on a 16-bit wire, 4 in f32.
-  const double wire_bytes = static_cast<double>(dtype_size(o.wire));
   for (int s = 1; s < n; ++s)
     if (offsets[s] < offsets[s - 1])
       throw Error("GradientSync: slot offsets must increase (slot " + std::to_string(s) + " starts at " +
                   std::to_string(offsets[s]) + ", before slot " + std::to_string(s - 1) + ")");
-  // Reverse parameter order: the last layers finish backward first.
-  for (int s = n - 1; s >= 0; --s) {
-    if (buckets_.empty() || static_cast<double>(buckets_.back().hi - buckets_.back().lo) * wire_bytes >= cap) {
-      if (!buckets_.empty()) cap = o.bucket_mb * 1048576.0;
-      const int64_t hi = buckets_.empty() ? total : buckets_.back().lo;
-      buckets_.push_back({hi, hi, 0, 0, nullptr});
-    }
-    auto& b = buckets_.back();
-    b.lo = offsets[s];
-    b.slots++;
-    bucket_of_slot_[s] = static_cast<int>(buckets_.size()) - 1;
-  }
-  // Buckets are contiguous and cover [offsets[0], total); the flat buffer starts at slot 0.
-  if (o.wire != DType::f32) {
-    if (o.wire != DType::f16 && o.wire != DType::bf16)
+  // Reverse parameter order at first: the last layers finish backward first.
+  std::vector<int> reverse(n);
+  for (int s = 0; s < n; ++s) reverse[s] = n - 1 - s;
+  cut(reverse);
+  if (o_.wire != DType::f32) {
+    if (o_.wire != DType::f16 && o_.wire != DType::bf16)
       throw ConfigError("parallel.grad_dtype: gradients travel as fp32, fp16 or bf16");
-    if (!o.staging_pool) throw Error("GradientSync: a 16-bit wire dtype needs a staging pool");
-    staging_ = Tensor::empty(*o.staging_pool, grads_.shape(), o.wire, MemTag::comm);
-    cast_ = o.cast ? o.cast : [](const Tensor& a, const Tensor& b) {
+    if (!o_.staging_pool) throw Error("GradientSync: a 16-bit wire dtype needs a staging pool");
+    staging_ = Tensor::empty(*o_.staging_pool, grads_.shape(), o_.wire, MemTag::comm);
+    cast_ = o_.cast ? o_.cast : [](const Tensor& a, const Tensor& b) {
       convert(a.raw(), a.dtype(), b.raw(), b.dtype(), static_cast<size_t>(a.numel()));
     };
   }
 }
 
+void GradientSync::cut(const std::vector<int>& order) {
+  const int n = static_cast<int>(offsets_.size());
+  const int64_t total = grads_.numel();
+  // Bucket sizes count the bytes that travel: 2 per element on a 16-bit wire, 4 in f32.
+  const double wire_bytes = static_cast<double>(dtype_size(o_.wire));
+  double cap = o_.first_bucket_mb * 1048576.0;
+  buckets_.clear();
+  bucket_of_slot_.assign(n, -1);
+  std::vector<std::vector<int>> members;
+  for (int s : order) {
+    if (members.empty() || static_cast<double>(buckets_.back().elements) * wire_bytes >= cap) {
+      if (!members.empty()) cap = o_.bucket_mb * 1048576.0;
+      buckets_.emplace_back();
+      members.emplace_back();
+    }
+    buckets_.back().elements += (s + 1 < n ? offsets_[s + 1] : total) - offsets_[s];
+    buckets_.back().slots++;
+    members.back().push_back(s);
+    bucket_of_slot_[s] = static_cast<int>(buckets_.size()) - 1;
+  }
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    auto& b = buckets_[k];
+    std::sort(members[k].begin(), members[k].end());
+    for (int s : members[k]) {
+      const int64_t lo = offsets_[s], hi = s + 1 < n ? offsets_[s + 1] : total;
+      if (!b.ranges.empty() && b.ranges.back().second == lo) b.ranges.back().second = hi;
+      else b.ranges.push_back({lo, hi});
+    }
+    b.lo = b.ranges.front().first;
+    b.hi = b.ranges.back().second;
+    if (b.ranges.size() > 1) {  // not neighbours in memory: gathered into a buffer of its own
+      MemoryPool* pool = o_.staging_pool ? o_.staging_pool : grads_.pool();
+      b.packed = Tensor::empty(*pool, {b.elements}, o_.wire, MemTag::comm);
+    }
+  }
+}
+
+void GradientSync::rebuild() {
+  rebuild_pending_ = false;
+  const int n = static_cast<int>(offsets_.size());
+  // Every rank must cut the same buckets: rank 0's order travels (exact in f32 below 2^24 slots).
+  std::vector<float> order(observed_.begin(), observed_.end());
+  broadcast_host(comm_, grads_.pool(), order.data(), order.size(), 0);
+  std::vector<int> slots(n);
+  for (int i = 0; i < n; ++i) slots[i] = static_cast<int>(order[i]);
+  observed_.clear();
+  observed_.shrink_to_fit();
+  rebuild_done_ = true;
+  // Nothing to do when the observed order cuts the same buckets (the usual reverse order).
+  const std::vector<int> before = bucket_of_slot_;
+  cut(slots);
+  if (bucket_of_slot_ != before) rebuilds_++;
+}
+
 void GradientSync::begin(bool sync) {
+  if (rebuild_pending_) rebuild();
+  observed_.clear();
   sync_ = sync;
   launched_early_ = 0;
   next_launch_ = 0;
@@ -66,6 +109,17 @@ int64_t steady_ns() {
 
 void GradientSync::launch(Bucket& b) {
   b.launched_ns = steady_ns();
+  if (b.packed.defined()) {  // gather the ranges (cast to the wire dtype on the way), reduce, scatter in finish()
+    int64_t at = 0;
+    for (auto [lo, hi] : b.ranges) {
+      const Tensor src = grads_.view(lo, {hi - lo}), dst = b.packed.view(at, {hi - lo});
+      if (staging_.defined()) cast_(src, dst);
+      else copy_tensor(src, dst);
+      at += hi - lo;
+    }
+    b.work = comm_.all_reduce_async(b.packed.raw(), static_cast<size_t>(b.elements), b.packed.dtype(), ReduceOp::avg);
+    return;
+  }
   const size_t n = static_cast<size_t>(b.hi - b.lo);
   if (staging_.defined()) {
     const size_t es = dtype_size(staging_.dtype());
@@ -75,6 +129,20 @@ void GradientSync::launch(Bucket& b) {
     return;
   }
   b.work = comm_.all_reduce_async(grads_.data<float>() + b.lo, n, DType::f32, ReduceOp::avg);
+}
+
+void GradientSync::unpack(Bucket& b) {
+  if (b.packed.defined()) {
+    int64_t at = 0;
+    for (auto [lo, hi] : b.ranges) {
+      const Tensor src = b.packed.view(at, {hi - lo}), dst = grads_.view(lo, {hi - lo});
+      if (staging_.defined()) cast_(src, dst);
+      else copy_tensor(src, dst);
+      at += hi - lo;
+    }
+  } else if (staging_.defined()) {
+    cast_(staging_.view(b.lo, {b.hi - b.lo}), grads_.view(b.lo, {b.hi - b.lo}));
+  }
 }
 
 void GradientSync::ready(int first, int count) {
@@ -89,6 +157,7 @@ void GradientSync::ready(int first, int count) {
       throw Error("GradientSync: slot " + std::to_string(s) + " reported ready twice in one backward pass (a layer "
                   "calls grads_ready more than once, or backward ran twice without begin())");
     marked_[s] = true;
+    if (o_.rebuild && !rebuild_done_ && comm_.size() > 1) observed_.push_back(s);
   }
   if (!sync_ || comm_.size() == 1) return;
   for (int s = first; s < first + count; ++s) --buckets_[bucket_of_slot_[s]].pending;
@@ -108,9 +177,12 @@ void GradientSync::finish() {
   for (auto& b : buckets_) {
     b.work->wait();
     b.done_ns = steady_ns();
-    if (staging_.defined())
-      cast_(staging_.view(b.lo, {b.hi - b.lo}), grads_.view(b.lo, {b.hi - b.lo}));
+    unpack(b);
   }
+  // The first synchronised pass has shown the order: the next begin() re-cuts the buckets (in
+  // begin, so this step's buckets stay readable, e.g. for the timeline). A pass in which some
+  // slot got no gradient shows no complete order; the next one is watched instead.
+  if (o_.rebuild && !rebuild_done_ && observed_.size() == offsets_.size()) rebuild_pending_ = true;
 }
 
 void broadcast_from_root(Communicator& comm, Tensor& t) {
@@ -129,6 +201,15 @@ void all_reduce_host(Communicator& comm, MemoryPool* pool, float* data, size_t n
   Tensor d = Tensor::empty(device_pool(comm, pool), {static_cast<int64_t>(n)}, DType::f32, MemTag::other);
   tensor_from_bytes(d, data, n * sizeof(float));
   comm.all_reduce(d.raw(), n, DType::f32, op);
+  std::string back = tensor_to_bytes(d);
+  std::memcpy(data, back.data(), back.size());
+}
+
+void broadcast_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, int root) {
+  if (!comm.device_buffers()) return comm.broadcast(data, n, DType::f32, root);
+  Tensor d = Tensor::empty(device_pool(comm, pool), {static_cast<int64_t>(n)}, DType::f32, MemTag::other);
+  tensor_from_bytes(d, data, n * sizeof(float));
+  comm.broadcast(d.raw(), n, DType::f32, root);
   std::string back = tensor_to_bytes(d);
   std::memcpy(data, back.data(), back.size());
 }

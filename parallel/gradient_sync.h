@@ -3,6 +3,10 @@
 // finished parameter slots; a bucket whose slots are all final starts its all-reduce (average) at
 // once on the communicator's worker, overlapping the rest of backward. finish() waits for all.
 // Micro-steps of gradient accumulation run with sync off (no_sync): nothing is reduced.
+// After the first synchronised pass the buckets are rebuilt from the order the slots actually
+// became ready (PyTorch's rebuild_buckets; rank 0's order is broadcast so every rank cuts the
+// same buckets): a residual block's shortcut is registered after its main path but its gradient
+// is ready later, and a bucket that waits for it holds back every bucket after it.
 #pragma once
 #include <functional>
 #include <vector>
@@ -22,14 +26,21 @@ struct BucketOptions {
   // arithmetic as NCCL does (communicator.h, all_reduce), and converted back to f32).
   DType wire = DType::f32;
   MemoryPool* staging_pool = nullptr;
+  // Re-cut the buckets from the observed readiness order after the first synchronised pass.
+  bool rebuild = true;
   // Converts between the f32 gradients and the wire dtype. Host conversion when empty; a GPU
   // replica passes its op backend's cast (parallel/ stands on core and does not know the kernels).
   std::function<void(const Tensor& src, const Tensor& dst)> cast;
 };
 
 struct Bucket {
-  int64_t lo = 0, hi = 0;       // element range of the flat buffer
+  int64_t lo = 0, hi = 0;       // element range of the flat buffer (the hull when it has several)
   int slots = 0;                // parameter slots in it
+  // Its element ranges of the flat buffer, merged and increasing: one, unless a rebuild put slots
+  // together that are not neighbours in memory (they are then packed into `packed` to travel).
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t elements = 0;
+  Tensor packed;
   int pending = 0;              // slots not yet final in this step
   WorkHandle work;
   // steady-clock ns of the last step's launch and of finish() seeing it done (for timelines)
@@ -55,10 +66,18 @@ class GradientSync {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int launched_during_backward() const { return launched_early_; }
+  // 1 when the observed order re-cut the buckets, 0 while it has not or cut the same ones.
+  int rebuilds() const { return rebuilds_; }
 
  private:
   void launch(Bucket& b);
+  void unpack(Bucket& b);
+  // Cuts buckets over `order` (slots, first to reduce first): first_bucket_mb, then bucket_mb.
+  void cut(const std::vector<int>& order);
+  void rebuild();
 
+  std::vector<int64_t> offsets_;
+  BucketOptions o_;
   Tensor grads_, staging_;
   std::function<void(const Tensor&, const Tensor&)> cast_;
   Communicator& comm_;
@@ -68,6 +87,9 @@ class GradientSync {
   int launched_early_ = 0;
   int next_launch_ = 0;       // buckets launch in index order
   std::vector<bool> marked_;  // slots reported ready in this pass
+  std::vector<int> observed_;  // slots in the order they became ready, until the rebuild
+  bool rebuild_pending_ = false, rebuild_done_ = false;
+  int rebuilds_ = 0;
 };
 
 // Broadcasts a float buffer from rank 0 (parameters at start and after resume).
@@ -77,6 +99,7 @@ void broadcast_from_root(Communicator& comm, Tensor& t);
 // (NCCL) gets a temporary copy in `pool`, the replica's device pool (tag other).
 void all_reduce_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, ReduceOp op);
 void all_gather_host(Communicator& comm, MemoryPool* pool, const float* send, float* recv, size_t n);
+void broadcast_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, int root);
 // All replicas must hold bit-identical parameters; throws TrainingError naming the diverging
 // ranks and the step otherwise.
 void check_replicas_agree(Communicator& comm, const Tensor& params, int64_t step);

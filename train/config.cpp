@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "ops/models/resnet.h"
 
 namespace replica::train {
 
@@ -105,8 +106,57 @@ std::string suggest(const std::string& key, const std::vector<std::string>& know
 }
 
 using Setter = std::function<void(const YAML::Node&, const Loc&)>;
-using Section = std::vector<std::pair<std::string, Setter>>;
+// Writes the key's current value (after its name); false: the key is unset and is left out.
+using Getter = std::function<bool(YAML::Emitter&)>;
+// One key, written once: how it is read (with its checks) and how it is written back.
+struct Key {
+  std::string name;
+  Setter set;
+  Getter get;
+};
+using Section = std::vector<Key>;
 
+// Builders for the common kinds; a key with its own syntax spells both directions out.
+template <typename T>
+Getter value_of(const T& v) {
+  return [&v](YAML::Emitter& e) {
+    e << v;
+    return true;
+  };
+}
+template <typename T>
+Getter list_of(const std::vector<T>& v) {
+  return [&v](YAML::Emitter& e) {
+    e << YAML::Flow << v;
+    return true;
+  };
+}
+template <typename T>
+Getter optional_of(const std::optional<T>& v) {
+  return [&v](YAML::Emitter& e) {
+    if (v) e << *v;
+    return v.has_value();
+  };
+}
+template <typename I>
+Key int_key(const std::string& name, I& v, int64_t lo, int64_t hi) {
+  return {name, [&v, lo, hi](auto& n, auto& l) { v = static_cast<I>(as_int(n, l, lo, hi)); }, value_of(v)};
+}
+Key double_key(const std::string& name, double& v, double lo, double hi) {
+  return {name, [&v, lo, hi](auto& n, auto& l) { v = as_double(n, l, lo, hi); }, value_of(v)};
+}
+Key bool_key(const std::string& name, bool& v) {
+  return {name, [&v](auto& n, auto& l) { v = as_bool(n, l); }, value_of(v)};
+}
+Key text_key(const std::string& name, std::string& v) {
+  return {name, [&v](auto& n, auto& l) { v = scalar(n, l); }, value_of(v)};
+}
+Key choice_key(const std::string& name, std::string& v, std::vector<std::string> allowed) {
+  return {name, [&v, allowed](auto& n, auto& l) { v = one_of(n, l, allowed); }, value_of(v)};
+}
+
+// Every key of every section, bound to `c`. Long because it is a table (one entry per key, ~80
+// keys), not logic: adding a key is adding one line here.
 std::map<std::string, Section> schema(RunConfig& c) {
   auto& m = c.model;
   auto& d = c.data;
@@ -118,213 +168,168 @@ std::map<std::string, Section> schema(RunConfig& c) {
   static constexpr double inf = 1e300;
   return {
       {"model",
-       {{"arch", [&](auto& n, auto& l) {
-          m.arch = one_of(n, l, {"resnet20", "resnet32", "resnet56", "resnet110", "resnet18", "resnet34", "resnet50"});
-        }},
-        {"width", [&](auto& n, auto& l) { m.width = as_int(n, l, 0, 4096); }},
-        {"zero_init_residual", [&](auto& n, auto& l) { m.zero_init_residual = as_bool(n, l); }},
-        {"freeze_bn", [&](auto& n, auto& l) { m.freeze_bn = as_bool(n, l); }},
-        {"checkpoint", [&](auto& n, auto& l) {
-          std::string v = scalar(n, l);
-          if (v == "none") m.checkpoint_every = 0;
-          else if (v == "blocks") m.checkpoint_every = 1;
-          else if (v.rfind("every:", 0) == 0) {
-            YAML::Node num(v.substr(6));
-            m.checkpoint_every = static_cast<int>(as_int(num, l, 1, 1000000));
-          } else {
-            fail(l, "'" + v + "' is not a checkpointing choice; use none, blocks or every:N");
-          }
-        }}}},
+       {choice_key("arch", m.arch, models::resnet_archs()),
+        int_key("width", m.width, 0, 4096),
+        bool_key("zero_init_residual", m.zero_init_residual),
+        bool_key("freeze_bn", m.freeze_bn),
+        text_key("init_from", m.init_from),
+        {"checkpoint",
+         [&](auto& n, auto& l) {
+           std::string v = scalar(n, l);
+           if (v == "none") m.checkpoint_every = 0;
+           else if (v == "blocks") m.checkpoint_every = 1;
+           else if (v.rfind("every:", 0) == 0) {
+             YAML::Node num(v.substr(6));
+             m.checkpoint_every = static_cast<int>(as_int(num, l, 1, 1000000));
+           } else {
+             fail(l, "'" + v + "' is not a checkpointing choice; use none, blocks or every:N");
+           }
+         },
+         [&](YAML::Emitter& e) {
+           e << (m.checkpoint_every == 0   ? std::string("none")
+                 : m.checkpoint_every == 1 ? std::string("blocks")
+                                           : "every:" + std::to_string(m.checkpoint_every));
+           return true;
+         }}}},
       {"data",
-       {{"dataset", [&](auto& n, auto& l) { d.dataset = one_of(n, l, {"fashion-mnist", "mnist", "cifar10", "synthetic"}); }},
-        {"path", [&](auto& n, auto& l) { d.path = scalar(n, l); }},
-        {"pad_crop", [&](auto& n, auto& l) { d.pad_crop = as_int(n, l, 0, 64); }},
-        {"hflip", [&](auto& n, auto& l) { d.hflip = as_bool(n, l); }},
-        {"mean", [&](auto& n, auto& l) {
-          auto v = as_list(n, l, -inf, inf);
-          d.mean.assign(v.begin(), v.end());
-        }},
-        {"std", [&](auto& n, auto& l) {
-          auto v = as_list(n, l, 1e-12, inf);
-          d.std.assign(v.begin(), v.end());
-        }},
-        {"synthetic_shape", [&](auto& n, auto& l) {
-          auto v = as_list(n, l, 1, 4096);
-          if (v.size() != 3) fail(l, "expected [H, W, C]");
-          d.synthetic_shape.assign(v.begin(), v.end());
-        }},
-        {"synthetic_classes", [&](auto& n, auto& l) { d.synthetic_classes = as_int(n, l, 2, 1000000); }},
-        {"synthetic_size", [&](auto& n, auto& l) { d.synthetic_size = as_int(n, l, 1, int64_t(1) << 40); }},
-        {"prefetch", [&](auto& n, auto& l) { d.prefetch = static_cast<int>(as_int(n, l, 1, 64)); }},
-        {"limit_train", [&](auto& n, auto& l) { d.limit_train = as_int(n, l, 0, int64_t(1) << 40); }},
-        {"limit_test", [&](auto& n, auto& l) { d.limit_test = as_int(n, l, 0, int64_t(1) << 40); }}}},
+       {choice_key("dataset", d.dataset, {"fashion-mnist", "mnist", "cifar10", "synthetic"}),
+        text_key("path", d.path),
+        int_key("pad_crop", d.pad_crop, 0, 64),
+        bool_key("hflip", d.hflip),
+        {"mean",
+         [&](auto& n, auto& l) {
+           auto v = as_list(n, l, -inf, inf);
+           d.mean.assign(v.begin(), v.end());
+         },
+         list_of(d.mean)},
+        {"std",
+         [&](auto& n, auto& l) {
+           auto v = as_list(n, l, 1e-12, inf);
+           d.std.assign(v.begin(), v.end());
+         },
+         list_of(d.std)},
+        {"synthetic_shape",
+         [&](auto& n, auto& l) {
+           auto v = as_list(n, l, 1, 4096);
+           if (v.size() != 3) fail(l, "expected [H, W, C]");
+           d.synthetic_shape.assign(v.begin(), v.end());
+         },
+         list_of(d.synthetic_shape)},
+        int_key("synthetic_classes", d.synthetic_classes, 2, 1000000),
+        int_key("synthetic_size", d.synthetic_size, 1, int64_t(1) << 40),
+        int_key("prefetch", d.prefetch, 1, 64),
+        int_key("limit_train", d.limit_train, 0, int64_t(1) << 40),
+        int_key("limit_test", d.limit_test, 0, int64_t(1) << 40)}},
       {"train",
-       {{"epochs", [&](auto& n, auto& l) { t.epochs = as_double(n, l, 1e-6, 1e6); }},
-        {"global_batch", [&](auto& n, auto& l) { t.global_batch = as_int(n, l, 1, int64_t(1) << 30); }},
-        {"micro_batch", [&](auto& n, auto& l) {
-          t.micro_batch = scalar(n, l) == "auto" ? -1 : as_int(n, l, 0, int64_t(1) << 30);
-        }},
-        {"precision", [&](auto& n, auto& l) { t.precision = one_of(n, l, {"fp32", "fp16", "bf16"}); }},
-        {"loss_scale", [&](auto& n, auto& l) {
-          std::string v = scalar(n, l);
-          if (v != "auto" && v != "dynamic" && v != "off") {
-            as_double(n, l, 1e-30, 1e30);  // a static scale
-          }
-          t.loss_scale = v;
-        }},
-        {"loss_scale_init", [&](auto& n, auto& l) { t.loss_scale_init = as_double(n, l, 1e-30, 1e30); }},
-        {"loss_scale_growth_interval", [&](auto& n, auto& l) { t.loss_scale_growth_interval = as_int(n, l, 1, int64_t(1) << 40); }},
-        {"loss_scale_min", [&](auto& n, auto& l) { t.loss_scale_min = as_double(n, l, 1e-30, 1e30); }},
-        {"loss_scale_hysteresis", [&](auto& n, auto& l) { t.loss_scale_hysteresis = as_int(n, l, 1, 1000); }},
-        {"loss_scale_max_floor_overflows", [&](auto& n, auto& l) { t.loss_scale_max_floor_overflows = as_int(n, l, 1, int64_t(1) << 40); }},
-        {"seed", [&](auto& n, auto& l) { t.seed = static_cast<uint64_t>(as_int(n, l, 0, INT64_MAX)); }},
-        {"log_every", [&](auto& n, auto& l) { t.log_every = as_int(n, l, 1, int64_t(1) << 40); }},
-        {"max_steps", [&](auto& n, auto& l) { t.max_steps = as_int(n, l, 0, int64_t(1) << 40); }},
-        {"run_dir", [&](auto& n, auto& l) { t.run_dir = scalar(n, l); }},
-        {"eval", [&](auto& n, auto& l) { t.eval = as_bool(n, l); }},
-        {"eval_batch", [&](auto& n, auto& l) { t.eval_batch = as_int(n, l, 1, int64_t(1) << 20); }},
-        {"tensorboard", [&](auto& n, auto& l) { t.tensorboard = as_bool(n, l); }}}},
+       {double_key("epochs", t.epochs, 1e-6, 1e6),
+        int_key("global_batch", t.global_batch, 1, int64_t(1) << 30),
+        {"micro_batch",
+         [&](auto& n, auto& l) { t.micro_batch = scalar(n, l) == "auto" ? -1 : as_int(n, l, 0, int64_t(1) << 30); },
+         [&](YAML::Emitter& e) {
+           e << (t.micro_batch < 0 ? std::string("auto") : std::to_string(t.micro_batch));
+           return true;
+         }},
+        choice_key("precision", t.precision, {"fp32", "fp16", "bf16"}),
+        {"loss_scale",
+         [&](auto& n, auto& l) {
+           std::string v = scalar(n, l);
+           if (v != "auto" && v != "dynamic" && v != "off") as_double(n, l, 1e-30, 1e30);  // a static scale
+           t.loss_scale = v;
+         },
+         value_of(t.loss_scale)},
+        double_key("loss_scale_init", t.loss_scale_init, 1e-30, 1e30),
+        int_key("loss_scale_growth_interval", t.loss_scale_growth_interval, 1, int64_t(1) << 40),
+        double_key("loss_scale_min", t.loss_scale_min, 1e-30, 1e30),
+        int_key("loss_scale_hysteresis", t.loss_scale_hysteresis, 1, 1000),
+        int_key("loss_scale_max_floor_overflows", t.loss_scale_max_floor_overflows, 1, int64_t(1) << 40),
+        int_key("seed", t.seed, 0, INT64_MAX),
+        int_key("log_every", t.log_every, 1, int64_t(1) << 40),
+        int_key("max_steps", t.max_steps, 0, int64_t(1) << 40),
+        text_key("run_dir", t.run_dir),
+        bool_key("eval", t.eval),
+        int_key("eval_batch", t.eval_batch, 1, int64_t(1) << 20),
+        bool_key("tensorboard", t.tensorboard)}},
       {"checkpoint",
-       {{"every_steps", [&](auto& n, auto& l) { ck.every_steps = as_int(n, l, 0, int64_t(1) << 40); }},
-        {"every_epochs", [&](auto& n, auto& l) { ck.every_epochs = as_int(n, l, 0, int64_t(1) << 40); }},
-        {"keep_last", [&](auto& n, auto& l) { ck.keep_last = static_cast<int>(as_int(n, l, 0, 1000000)); }},
-        {"dir", [&](auto& n, auto& l) { ck.dir = scalar(n, l); }}}},
+       {int_key("every_steps", ck.every_steps, 0, int64_t(1) << 40),
+        int_key("every_epochs", ck.every_epochs, 0, int64_t(1) << 40),
+        int_key("keep_last", ck.keep_last, 0, 1000000),
+        text_key("dir", ck.dir)}},
       {"optim",
-       {{"name", [&](auto& n, auto& l) { o.name = one_of(n, l, {"sgd", "adamw", "lars"}); }},
-        {"beta1", [&](auto& n, auto& l) { o.beta1 = as_double(n, l, 0, 0.999999); }},
-        {"beta2", [&](auto& n, auto& l) { o.beta2 = as_double(n, l, 0, 0.999999999); }},
-        {"eps", [&](auto& n, auto& l) { o.eps = as_double(n, l, 0, 1); }},
-        {"trust_coefficient", [&](auto& n, auto& l) { o.trust_coefficient = as_double(n, l, 1e-9, 1e3); }},
-        {"clip_grad_norm", [&](auto& n, auto& l) { o.clip_grad_norm = as_double(n, l, 0, 1e12); }},
-        {"lr", [&](auto& n, auto& l) { o.lr = as_double(n, l, 1e-12, 1e6); }},
-        {"momentum", [&](auto& n, auto& l) { o.momentum = as_double(n, l, 0, 0.999999); }},
-        {"nesterov", [&](auto& n, auto& l) { o.nesterov = as_bool(n, l); }},
-        {"weight_decay", [&](auto& n, auto& l) { o.weight_decay = as_double(n, l, 0, 1); }},
-        {"decoupled_weight_decay", [&](auto& n, auto& l) { o.decoupled_weight_decay = as_bool(n, l); }},
-        {"no_decay_bn_bias", [&](auto& n, auto& l) { o.no_decay_bn_bias = as_bool(n, l); }},
-        {"schedule", [&](auto& n, auto& l) { o.schedule = one_of(n, l, {"constant", "step", "cosine"}); }},
-        {"warmup_epochs", [&](auto& n, auto& l) { o.warmup_epochs = as_double(n, l, 0, 1e6); }},
-        {"warmup_start_factor", [&](auto& n, auto& l) { o.warmup_start_factor = as_double(n, l, 0, 1); }},
-        {"milestones", [&](auto& n, auto& l) { o.milestones = as_list(n, l, 0, 1e6); }},
-        {"gamma", [&](auto& n, auto& l) { o.gamma = as_double(n, l, 0, 1); }},
-        {"min_lr", [&](auto& n, auto& l) { o.min_lr = as_double(n, l, 0, 1e6); }},
-        {"scale_lr", [&](auto& n, auto& l) { o.scale_lr = as_bool(n, l); }}}},
+       {choice_key("name", o.name, {"sgd", "adamw", "lars"}),
+        double_key("beta1", o.beta1, 0, 0.999999),
+        double_key("beta2", o.beta2, 0, 0.999999999),
+        double_key("eps", o.eps, 0, 1),
+        double_key("trust_coefficient", o.trust_coefficient, 1e-9, 1e3),
+        double_key("clip_grad_norm", o.clip_grad_norm, 0, 1e12),
+        double_key("lr", o.lr, 1e-12, 1e6),
+        double_key("momentum", o.momentum, 0, 0.999999),
+        bool_key("nesterov", o.nesterov),
+        double_key("weight_decay", o.weight_decay, 0, 1),
+        bool_key("decoupled_weight_decay", o.decoupled_weight_decay),
+        bool_key("no_decay_bn_bias", o.no_decay_bn_bias),
+        choice_key("schedule", o.schedule, {"constant", "step", "cosine"}),
+        double_key("warmup_epochs", o.warmup_epochs, 0, 1e6),
+        double_key("warmup_start_factor", o.warmup_start_factor, 0, 1),
+        {"milestones", [&](auto& n, auto& l) { o.milestones = as_list(n, l, 0, 1e6); }, list_of(o.milestones)},
+        double_key("gamma", o.gamma, 0, 1),
+        double_key("min_lr", o.min_lr, 0, 1e6),
+        bool_key("scale_lr", o.scale_lr)}},
       {"parallel",
-       {{"devices", [&](auto& n, auto& l) { p.devices = scalar(n, l); }},
-        {"sync_bn", [&](auto& n, auto& l) { p.sync_bn = as_bool(n, l); }},
-        {"grad_dtype", [&](auto& n, auto& l) { p.grad_dtype = one_of(n, l, {"fp32", "fp16", "bf16"}); }},
-        {"bucket_mb", [&](auto& n, auto& l) { p.bucket_mb = as_double(n, l, 0.001, 1e6); }},
-        {"first_bucket_mb", [&](auto& n, auto& l) { p.first_bucket_mb = as_double(n, l, 0.001, 1e6); }},
-        {"check_every", [&](auto& n, auto& l) { p.check_every = as_int(n, l, 0, int64_t(1) << 40); }},
-        {"timeout_s", [&](auto& n, auto& l) { p.timeout_s = as_double(n, l, 0.01, 1e6); }},
-        {"pin_threads", [&](auto& n, auto& l) { p.pin_threads = as_bool(n, l); }},
-        {"intra_op_threads", [&](auto& n, auto& l) { p.intra_op_threads = static_cast<int>(as_int(n, l, 1, 1024)); }}}},
+       {text_key("devices", p.devices),
+        bool_key("sync_bn", p.sync_bn),
+        choice_key("grad_dtype", p.grad_dtype, {"fp32", "fp16", "bf16"}),
+        double_key("bucket_mb", p.bucket_mb, 0.001, 1e6),
+        double_key("first_bucket_mb", p.first_bucket_mb, 0.001, 1e6),
+        int_key("check_every", p.check_every, 0, int64_t(1) << 40),
+        double_key("timeout_s", p.timeout_s, 0.01, 1e6),
+        bool_key("pin_threads", p.pin_threads),
+        int_key("intra_op_threads", p.intra_op_threads, 1, 1024)}},
       {"memory",
-       {{"mode", [&](auto& n, auto& l) { mem.mode = one_of(n, l, {"preallocate", "growth", "platform"}); }},
-        {"fraction", [&](auto& n, auto& l) {
-          double f = as_double(n, l, -inf, inf);
-          if (!(f > 0 && f <= 1)) fail(l, scalar(n, l) + " is not a memory fraction; use a number in (0, 1], e.g. 0.75");
-          mem.fraction = f;
-        }},
-        {"bytes", [&](auto& n, auto& l) { mem.bytes = parse_bytes(scalar(n, l), l.where()); }},
-        {"step_plan", [&](auto& n, auto& l) { mem.step_plan = as_bool(n, l); }}}},
+       {{"mode", [&](auto& n, auto& l) { mem.mode = one_of(n, l, {"preallocate", "growth", "platform"}); },
+         optional_of(mem.mode)},
+        {"fraction",
+         [&](auto& n, auto& l) {
+           double f = as_double(n, l, -inf, inf);
+           if (!(f > 0 && f <= 1)) fail(l, scalar(n, l) + " is not a memory fraction; use a number in (0, 1], e.g. 0.75");
+           mem.fraction = f;
+         },
+         optional_of(mem.fraction)},
+        {"bytes", [&](auto& n, auto& l) { mem.bytes = parse_bytes(scalar(n, l), l.where()); }, optional_of(mem.bytes)},
+        bool_key("step_plan", mem.step_plan)}},
   };
 }
 
+// The order sections are written in (and shown in help): the order of a config file.
+const char* const kSectionOrder[] = {"model", "data", "train", "checkpoint", "optim", "parallel", "memory"};
+
 std::vector<std::string> keys_of(const Section& s) {
   std::vector<std::string> k;
-  for (auto& e : s) k.push_back(e.first);
+  for (auto& e : s) k.push_back(e.name);
   return k;
 }
 
-std::string emit(const RunConfig& c) {
+// The resolved configuration as YAML, every key from the schema (so a key added there is written
+// back without a second edit).
+std::string emit(const RunConfig& config) {
+  RunConfig c = config;  // the schema binds to a mutable config; this copy is only read
+  const auto sections = schema(c);
   YAML::Emitter e;
   e << YAML::BeginMap;
-  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "arch" << YAML::Value << c.model.arch
-    << YAML::Key << "width" << YAML::Value << c.model.width << YAML::Key << "zero_init_residual" << YAML::Value
-    << c.model.zero_init_residual << YAML::Key << "freeze_bn" << YAML::Value << c.model.freeze_bn << YAML::Key << "checkpoint" << YAML::Value
-    << (c.model.checkpoint_every == 0 ? std::string("none")
-                                      : c.model.checkpoint_every == 1 ? std::string("blocks")
-                                                                      : "every:" + std::to_string(c.model.checkpoint_every))
-    << YAML::EndMap;
-  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dataset" << YAML::Value << c.data.dataset
-    << YAML::Key << "path" << YAML::Value << c.data.path << YAML::Key << "pad_crop" << YAML::Value << c.data.pad_crop
-    << YAML::Key << "hflip" << YAML::Value << c.data.hflip << YAML::Key << "mean" << YAML::Value << YAML::Flow
-    << c.data.mean << YAML::Key << "std" << YAML::Value << YAML::Flow << c.data.std << YAML::Key << "synthetic_shape"
-    << YAML::Value << YAML::Flow << c.data.synthetic_shape << YAML::Key << "synthetic_classes" << YAML::Value
-    << c.data.synthetic_classes << YAML::Key << "synthetic_size" << YAML::Value << c.data.synthetic_size << YAML::Key
-    << "prefetch" << YAML::Value << c.data.prefetch << YAML::Key << "limit_train" << YAML::Value << c.data.limit_train
-    << YAML::Key << "limit_test" << YAML::Value << c.data.limit_test << YAML::EndMap;
-  e << YAML::Key << "train" << YAML::Value << YAML::BeginMap << YAML::Key << "epochs" << YAML::Value << c.train.epochs
-    << YAML::Key << "global_batch" << YAML::Value << c.train.global_batch << YAML::Key << "micro_batch" << YAML::Value
-    << (c.train.micro_batch < 0 ? std::string("auto") : std::to_string(c.train.micro_batch)) << YAML::Key << "precision" << YAML::Value << c.train.precision << YAML::Key
-    << "loss_scale" << YAML::Value << c.train.loss_scale << YAML::Key << "loss_scale_init" << YAML::Value
-    << c.train.loss_scale_init << YAML::Key << "loss_scale_growth_interval" << YAML::Value
-    << c.train.loss_scale_growth_interval << YAML::Key << "loss_scale_min" << YAML::Value << c.train.loss_scale_min
-    << YAML::Key << "loss_scale_hysteresis" << YAML::Value << c.train.loss_scale_hysteresis << YAML::Key
-    << "loss_scale_max_floor_overflows" << YAML::Value << c.train.loss_scale_max_floor_overflows << YAML::Key << "seed"
-    << YAML::Value << c.train.seed << YAML::Key << "log_every" << YAML::Value << c.train.log_every << YAML::Key
-    << "max_steps" << YAML::Value << c.train.max_steps << YAML::Key << "run_dir" << YAML::Value << c.train.run_dir
-    << YAML::Key << "eval" << YAML::Value << c.train.eval << YAML::Key << "eval_batch" << YAML::Value
-    << c.train.eval_batch << YAML::Key << "tensorboard" << YAML::Value << c.train.tensorboard << YAML::EndMap;
-  e << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "every_steps" << YAML::Value
-    << c.checkpoint.every_steps << YAML::Key << "every_epochs" << YAML::Value << c.checkpoint.every_epochs
-    << YAML::Key << "keep_last" << YAML::Value << c.checkpoint.keep_last << YAML::Key << "dir" << YAML::Value
-    << c.checkpoint.dir << YAML::EndMap;
-  e << YAML::Key << "optim" << YAML::Value << YAML::BeginMap << YAML::Key << "name" << YAML::Value << c.optim.name
-    << YAML::Key << "beta1" << YAML::Value << c.optim.beta1 << YAML::Key << "beta2" << YAML::Value << c.optim.beta2
-    << YAML::Key << "eps" << YAML::Value << c.optim.eps << YAML::Key << "trust_coefficient" << YAML::Value
-    << c.optim.trust_coefficient << YAML::Key << "clip_grad_norm" << YAML::Value << c.optim.clip_grad_norm
-    << YAML::Key << "lr" << YAML::Value << c.optim.lr << YAML::Key << "momentum" << YAML::Value << c.optim.momentum
-    << YAML::Key << "nesterov" << YAML::Value << c.optim.nesterov << YAML::Key << "weight_decay" << YAML::Value
-    << c.optim.weight_decay << YAML::Key << "decoupled_weight_decay" << YAML::Value << c.optim.decoupled_weight_decay
-    << YAML::Key << "no_decay_bn_bias" << YAML::Value << c.optim.no_decay_bn_bias << YAML::Key << "schedule"
-    << YAML::Value << c.optim.schedule << YAML::Key << "warmup_epochs" << YAML::Value << c.optim.warmup_epochs
-    << YAML::Key << "warmup_start_factor" << YAML::Value << c.optim.warmup_start_factor << YAML::Key << "milestones"
-    << YAML::Value << YAML::Flow << c.optim.milestones << YAML::Key << "gamma" << YAML::Value << c.optim.gamma
-    << YAML::Key << "min_lr" << YAML::Value << c.optim.min_lr << YAML::Key << "scale_lr" << YAML::Value
-    << c.optim.scale_lr << YAML::EndMap;
-  e << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap << YAML::Key << "devices" << YAML::Value
-    << c.parallel.devices << YAML::Key << "sync_bn" << YAML::Value << c.parallel.sync_bn << YAML::Key
-    << "grad_dtype" << YAML::Value << c.parallel.grad_dtype << YAML::Key << "bucket_mb"
-    << YAML::Value << c.parallel.bucket_mb << YAML::Key << "first_bucket_mb" << YAML::Value
-    << c.parallel.first_bucket_mb << YAML::Key << "check_every" << YAML::Value << c.parallel.check_every << YAML::Key
-    << "timeout_s" << YAML::Value << c.parallel.timeout_s << YAML::Key << "pin_threads" << YAML::Value
-    << c.parallel.pin_threads << YAML::Key << "intra_op_threads" << YAML::Value << c.parallel.intra_op_threads
-    << YAML::EndMap;
-  e << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
-  if (c.memory.mode) e << YAML::Key << "mode" << YAML::Value << *c.memory.mode;
-  if (c.memory.fraction) e << YAML::Key << "fraction" << YAML::Value << *c.memory.fraction;
-  if (c.memory.bytes) e << YAML::Key << "bytes" << YAML::Value << *c.memory.bytes;
-  e << YAML::Key << "step_plan" << YAML::Value << c.memory.step_plan;
-  e << YAML::EndMap << YAML::EndMap;
+  for (const char* name : kSectionOrder) {
+    e << YAML::Key << name << YAML::Value << YAML::BeginMap;
+    for (const Key& k : sections.at(name)) {
+      YAML::Emitter probe;  // an unset optional key is left out, name and all
+      if (!k.get(probe)) continue;
+      e << YAML::Key << k.name << YAML::Value;
+      k.get(e);
+    }
+    e << YAML::EndMap;
+  }
+  e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }
 
 }  // namespace
-
-uint64_t parse_bytes(const std::string& s, const std::string& what) {
-  size_t pos = 0;
-  double v;
-  try {
-    v = std::stod(s, &pos);
-  } catch (const std::exception&) {
-    throw ConfigError(what + ": '" + s + "' is not a size; use e.g. 2GiB, 512MiB or 1000000");
-  }
-  std::string unit = s.substr(pos);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  static const std::map<std::string, double> units = {
-      {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
-  auto it = units.find(unit);
-  if (it == units.end() || !(v >= 0))
-    throw ConfigError(what + ": '" + s + "' is not a size; use e.g. 2GiB, 512MiB or 1000000");
-  const double bytes = v * it->second;
-  // Converting a double beyond 2^64 to an integer is undefined: refuse anything past 1 EiB.
-  if (!(bytes <= 1152921504606846976.0))
-    throw ConfigError(what + ": '" + s + "' is larger than any device (more than 1 EiB)");
-  return static_cast<uint64_t>(bytes);
-}
 
 namespace {
 RunConfig parse_config_nodes(const std::string& text, const std::string& source, const std::vector<std::string>& sets) {
@@ -384,14 +389,12 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
     for (auto kv = it->second.begin(); kv != it->second.end(); ++kv) {
       std::string key = key_text(kv->first, sec + ": ");
       Loc l{source, sec + "." + key, kv->first.Mark().line >= 0 ? kv->first.Mark().line + 1 : -1};
-      auto f = std::find_if(section.begin(), section.end(), [&](auto& e) { return e.first == key; });
+      auto f = std::find_if(section.begin(), section.end(), [&](auto& e) { return e.name == key; });
       if (f == section.end()) fail(l, "unknown key" + suggest(key, known));
-      f->second(kv->second, l);
+      f->set(kv->second, l);
     }
   }
   // cross-field checks
-  if (c.data.dataset != "synthetic" && c.model.arch.rfind("resnet", 0) != 0)
-    throw ConfigError(source + ": model.arch '" + c.model.arch + "' is not a model");
   if (c.optim.schedule == "step" && c.optim.milestones.empty())
     throw ConfigError(source + ": optim.schedule: step needs optim.milestones (epochs), e.g. [100, 150]");
   if (!std::is_sorted(c.optim.milestones.begin(), c.optim.milestones.end()))

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/units.h"  // parse_bytes for memory.bytes
+
 namespace replica::train {
 
 struct ModelConfig {
@@ -14,6 +16,7 @@ struct ModelConfig {
   bool zero_init_residual = false;
   bool freeze_bn = false;  // batch norm uses (and keeps) its running statistics while training
   int checkpoint_every = 0;  // model.checkpoint: none (0) | blocks (1) | every:N
+  std::string init_from;     // safetensors with PyTorch's names (train/weights_interop.h); empty: random
 };
 
 struct DataConfig {
@@ -116,7 +119,5 @@ RunConfig parse_config(const std::string& text, const std::string& source,
 // Reads `path` (or the built-in default when empty) and parses it.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& sets = {});
 
-// "2GiB", "512MiB", "1e9" -> bytes; throws ConfigError naming `what`.
-uint64_t parse_bytes(const std::string& s, const std::string& what);
 
 }  // namespace replica::train

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "core/pools.h"
 #include "ops/models/resnet.h"
 
 namespace replica::train {
@@ -43,6 +44,20 @@ std::unique_ptr<optim::DynamicLossScaler> make_loss_scaler(const TrainConfig& t)
   lo.hysteresis = static_cast<int>(t.loss_scale_hysteresis);
   lo.max_floor_overflows = t.loss_scale_max_floor_overflows;
   return std::make_unique<optim::DynamicLossScaler>(lo);
+}
+
+PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {
+  PoolOptions o = default_pool_options(kind);
+  if (m.mode) {
+    o.mode = parse_allocator_mode(*m.mode, "memory.mode");
+    o.mode_source = "memory.mode";
+  }
+  if (m.fraction) {
+    o.fraction = *m.fraction;
+    o.fraction_source = "memory.fraction";
+  }
+  if (m.bytes) o.bytes = *m.bytes;
+  return o;
 }
 
 }  // namespace replica::train

@@ -1,5 +1,5 @@
-// One home for building what a configuration names: the model, the optimizer (by optim.name) and
-// the loss scaler (by train.loss_scale). The trainer, the memory planner and the benchmarks all
+// One home for building what a configuration names: the model, the optimizer (by optim.name), the
+// loss scaler (by train.loss_scale) and each device's memory options (memory.*). The trainer, the memory planner and the benchmarks all
 // build through here, so a new optimizer or option is added once.
 #pragma once
 #include <memory>
@@ -7,6 +7,7 @@
 #include "ops/nn/model.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
+#include "core/memory/options.h"
 #include "train/config.h"
 
 namespace replica::train {
@@ -18,5 +19,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, nn::Model
 // The loss scaler train.loss_scale asks for: dynamic ("dynamic", or "auto" with fp16), static (a
 // number) or none (null: "off", or "auto" with fp32 / bf16).
 std::unique_ptr<optim::DynamicLossScaler> make_loss_scaler(const TrainConfig& t);
+// The pool options of a device kind: its default, then the REPLICA_* environment, then memory.*
+// (each setting remembers where it came from, for error messages).
+PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind);
 
 }  // namespace replica::train

@@ -92,12 +92,10 @@ MemPlan plan_memory(const RunConfig& cfg, int64_t micro) {
   p.peak_bytes = peak_at(static_cast<double>(micro));
   p.overhead_bytes = std::max(0.0, at(m1.reserved - m1.peak, m2.reserved - m2.peak, static_cast<double>(micro)));
 
-  PoolOptions po = default_pool_options(devices[0].kind);
-  if (cfg.memory.mode) po.mode = parse_allocator_mode(*cfg.memory.mode, "memory.mode");
-  if (cfg.memory.fraction) po.fraction = *cfg.memory.fraction;
-  if (cfg.memory.bytes) po.bytes = *cfg.memory.bytes;
-  size_t total = devices[0].kind == DeviceKind::cpu ? host_physical_memory() : cuda_devices().at(devices[0].index).total_memory;
-  p.capacity = po.bytes ? po.bytes : static_cast<size_t>(static_cast<double>(total) * po.fraction);
+  const PoolOptions po = pool_options(cfg.memory, devices[0].kind);
+  const size_t total =
+      devices[0].kind == DeviceKind::cpu ? host_physical_memory() : cuda_devices().at(devices[0].index).total_memory;
+  p.capacity = pool_capacity(po, total, devices[0].str());
   std::ostringstream pd;
   pd << allocator_mode_name(po.mode) << " " << format_bytes(p.capacity) << " on " << devices[0].str();
   p.pool = pd.str();

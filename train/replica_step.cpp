@@ -36,7 +36,14 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   ctx.bn_frozen = o_.bn_frozen;
   if (o_.sync_bn && rep_.world() > 1)
     ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum(d, n); };
+  const int rebuilt_before = sync_->rebuilds();
   sync_->begin(last);
+  if (sync_->rebuilds() != rebuilt_before && rep_.rank() == 0) {
+    int packed = 0;
+    for (const auto& b : sync_->buckets()) packed += b.packed.defined();
+    log_info("gradient buckets re-cut from the observed readiness order: ", sync_->buckets().size(), " buckets, ",
+             packed, " of them gathered from non-adjacent slots");
+  }
   ctx.on_grads_ready = [this](int first, int count) { sync_->ready(first, count); };
   const int track = 2 * rep_.rank();
   std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
@@ -70,7 +77,7 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
     for (const auto& b : sync_->buckets())
       if (b.work)
         o_.timeline->slice(2 * rep_.rank() + 1, "all-reduce bucket " + std::to_string(i++) + " (" +
-                                                    format_bytes(static_cast<size_t>(b.hi - b.lo) * 4) + ")",
+                                                    format_bytes(static_cast<size_t>(b.elements) * 4) + ")",
                            o_.timeline->from_steady(b.launched_ns), o_.timeline->from_steady(b.done_ns), "comm");
   }
   // One small reduction: the metrics and the stop vote (a signal reaches replicas at slightly

@@ -2,6 +2,8 @@
 // per-replica fit loop, evaluation, progress and the run directory.
 #include "train/trainer.h"
 
+#include "train/weights_interop.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -26,6 +28,7 @@
 #include "train/checkpoint_policy.h"
 #include "train/factory.h"
 #include "train/memory_advice.h"
+#include "train/weights_interop.h"
 #include "train/metrics_sink.h"
 #include "train/memplan.h"
 #include "train/model_io.h"
@@ -56,19 +59,6 @@ std::shared_ptr<data::Dataset> make_dataset(const DataConfig& d, const std::stri
 namespace {
 
 
-PoolOptions pool_options(const MemoryConfig& m, DeviceKind kind) {
-  PoolOptions o = default_pool_options(kind);  // device default, then REPLICA_* environment
-  if (m.mode) {
-    o.mode = parse_allocator_mode(*m.mode, "memory.mode");
-    o.mode_source = "memory.mode";
-  }
-  if (m.fraction) {
-    o.fraction = *m.fraction;
-    o.fraction_source = "memory.fraction";
-  }
-  if (m.bytes) o.bytes = *m.bytes;
-  return o;
-}
 
 }  // namespace
 
@@ -152,6 +142,21 @@ void Trainer::init_schedule() {
   optim::validate(sched_);
 }
 
+// model.init_from: PyTorch-named weights (a torchvision checkpoint, an export of another run). A
+// classifier of another number of classes is left as initialised, and the run says so.
+void Trainer::init_from_file(parallel::Replica& rep, nn::Model& model) {
+  const std::string& path = cfg_.model.init_from;
+  const std::string bytes = read_file(path, "model.init_from");
+  const ImportReport r = import_safetensors(model, bytes, path, {.allow_new_classifier = true});
+  if (rep.rank() == 0 && opts_.print) {
+    std::printf("replica: model.init_from %s: %ld tensors (%s)\n", path.c_str(), static_cast<long>(r.tensors),
+                r.dtype.c_str());
+    for (const auto& k : r.kept)
+      std::printf("replica: model.init_from: %s differs in shape: re-initialised for %ld classes\n", k.c_str(),
+                  static_cast<long>(train_->classes()));
+  }
+}
+
 // One replica's model (rank 0's weights everywhere), optimizer, scaler, step, loader and input
 // stager, built on its own thread (its device and stream are current there).
 void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute) {
@@ -160,6 +165,7 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   if (rep.device().kind == DeviceKind::cpu) ops::set_intra_op_threads(cfg_.parallel.intra_op_threads);
   st.model = make_model(cfg_, s, train_->classes());
   st.model->materialize(rep.pool(), cfg_.train.seed, compute);
+  if (!cfg_.model.init_from.empty()) init_from_file(rep, *st.model);
   // Same seed everywhere already; the broadcast makes "rank 0's weights" a guarantee.
   parallel::broadcast_from_root(rep.comm(), st.model->params());
   parallel::broadcast_from_root(rep.comm(), st.model->buffers());

@@ -81,6 +81,7 @@ class Trainer {
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
   void init_schedule();
+  void init_from_file(parallel::Replica& rep, nn::Model& model);
   void init_replica(parallel::Replica& rep, const Shape& sample, DType compute);
   // Evaluation on the replicas' averaged statistics; the training state is left as it was.
   EvalResult evaluate_on(parallel::Replica& rep);

@@ -12,8 +12,28 @@ using nn::BatchNorm2d;
 using nn::Conv2d;
 using nn::Sequential;
 
+namespace {
+// The one list of architectures: the config's accepted values and the builder read it.
+struct ArchSpec {
+  const char* name;
+  int64_t cifar_blocks;         // blocks per stage of a CIFAR ResNet (6n+2 layers); 0: ImageNet
+  std::vector<int64_t> blocks;  // ImageNet ResNet: blocks per stage
+  bool bottleneck;
+};
+const std::vector<ArchSpec>& arch_specs() {
+  static const std::vector<ArchSpec> specs = {
+      {"resnet20", 3, {}, false},           {"resnet32", 5, {}, false},
+      {"resnet56", 9, {}, false},           {"resnet110", 18, {}, false},
+      {"resnet18", 0, {2, 2, 2, 2}, false}, {"resnet34", 0, {3, 4, 6, 3}, false},
+      {"resnet50", 0, {3, 4, 6, 3}, true}};
+  return specs;
+}
+}  // namespace
+
 std::vector<std::string> resnet_archs() {
-  return {"resnet20", "resnet32", "resnet56", "resnet110", "resnet18", "resnet34", "resnet50"};
+  std::vector<std::string> names;
+  for (const auto& a : arch_specs()) names.push_back(a.name);
+  return names;
 }
 
 namespace {
@@ -52,11 +72,15 @@ nn::LayerPtr bottleneck(const std::string& name, int64_t cin, int64_t mid, int64
 std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
   auto root = std::make_unique<Sequential>("resnet");
   const bool zero = cfg.zero_init_residual;
-  int64_t cifar_n = 0;
-  if (cfg.arch == "resnet20") cifar_n = 3;
-  else if (cfg.arch == "resnet32") cifar_n = 5;
-  else if (cfg.arch == "resnet56") cifar_n = 9;
-  else if (cfg.arch == "resnet110") cifar_n = 18;
+  const ArchSpec* spec = nullptr;
+  for (const auto& a : arch_specs())
+    if (cfg.arch == a.name) spec = &a;
+  if (!spec) {
+    std::string list;
+    for (auto& a : resnet_archs()) list += (list.empty() ? "" : ", ") + a;
+    throw ConfigError("model.arch: '" + cfg.arch + "' is not a known model; use one of " + list);
+  }
+  const int64_t cifar_n = spec->cifar_blocks;
   if (cfg.in_channels < 1 || cfg.num_classes < 1)
     throw ConfigError("model: in_channels and num_classes must be >= 1");
   int64_t c;
@@ -74,16 +98,8 @@ std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
         c = widths[s];
       }
   } else {
-    std::vector<int64_t> blocks;
-    bool bottle = false;
-    if (cfg.arch == "resnet18") blocks = {2, 2, 2, 2};
-    else if (cfg.arch == "resnet34") blocks = {3, 4, 6, 3};
-    else if (cfg.arch == "resnet50") blocks = {3, 4, 6, 3}, bottle = true;
-    else {
-      std::string list;
-      for (auto& a : resnet_archs()) list += (list.empty() ? "" : ", ") + a;
-      throw ConfigError("model.arch: '" + cfg.arch + "' is not a known model; use one of " + list);
-    }
+    const std::vector<int64_t>& blocks = spec->blocks;
+    const bool bottle = spec->bottleneck;
     const int64_t w = cfg.base_width ? cfg.base_width : 64;
     auto& stem = root->emplace<Conv2d>("stem.conv", cfg.in_channels, w, 7, 2, 3);
     stem.set_input_grad(false);

@@ -23,6 +23,15 @@ namespace replica::parallel {
 
 bool mpi_compiled() { return true; }
 
+std::string mpi_version() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int n = 0;
+  MPI_Get_library_version(v, &n);  // allowed before MPI_Init (MPI 3.0)
+  std::string s(v, static_cast<size_t>(n));
+  if (auto nl = s.find_first_of("\n,"); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
 bool launched_by_mpi() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
 }

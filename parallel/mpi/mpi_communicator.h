@@ -16,6 +16,8 @@ namespace replica::parallel {
 // True when this process was started by an MPI launcher (OpenMPI's mpirun, PMI/PMIx: srun).
 bool launched_by_mpi();
 bool mpi_compiled();
+// The MPI library's own version line ("Open MPI v4.1.4, ..."), or "not built in".
+std::string mpi_version();
 
 // This process's place in the MPI job (initialises MPI on first use; finalises at exit).
 struct MpiProcess {

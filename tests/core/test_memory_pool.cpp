@@ -13,8 +13,10 @@
 #include "core/errors.h"
 #include "core/memory_pool.h"
 #include "core/stream.h"
+#include "support/queue_stream.h"
 
 using namespace replica;
+using replica::testing_support::QueueStream;
 
 namespace {
 constexpr size_t MiB = size_t(1) << 20;
@@ -494,32 +496,6 @@ TEST(StepPlan, ServesRepeatedStepsWithoutOverlapAndFallsBackOnDivergence) {
   EXPECT_EQ(pool->stats().largest_free, size_t(2) << 30) << "everything coalesces back after the plan is cleared";
 }
 
-namespace {
-// A simulated asynchronous stream: a host work queue whose work "runs" only when the test says.
-// An event recorded on it is pending until then, like a CUDA event behind queued kernels.
-class QueueStream : public Stream {
- public:
-  struct QueueEvent : Event {
-    QueueStream* s;
-    int64_t n;
-    QueueEvent(QueueStream* st, int64_t k) : s(st), n(k) {}
-    bool done() override { return s->completed >= n; }
-    void synchronize() override {  // the host waits: the queue runs up to here
-      s->host_waits++;
-      s->completed = std::max(s->completed, n);
-    }
-  };
-  const Device& device() const override { return d_; }
-  void synchronize() override { completed = recorded; }
-  std::shared_ptr<Event> record() override { return std::make_shared<QueueEvent>(this, ++recorded); }
-  void wait(Event& e) override { e.synchronize(); }
-  void run_all() { completed = recorded; }
-  int64_t recorded = 0, completed = 0, host_waits = 0;
-
- private:
-  Device d_{DeviceKind::cpu, 0};
-};
-}  // namespace
 
 TEST(StreamOrderedPool, AFreedBlockGoesToAnotherStreamOnlyAfterItsEvent) {
   auto pool = sim_pool(AllocatorMode::growth, 256 * MiB);

@@ -207,3 +207,75 @@ TEST(GradientSync, HostCollectivesPassStraightThroughAHostCommunicator) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(gathered[1], (std::vector<float>{1.f, 20.f, 1.f, 20.f}));
 }
+
+// After the first synchronised pass the buckets follow the order slots became ready (a shortcut
+// whose gradient is ready after its main path's). Rank 0's order wins on every rank; buckets whose
+// slots are not neighbours in memory travel packed, and the averages stay exact (f32 and f16).
+TEST(GradientSync, BucketsAreRebuiltFromTheObservedReadinessOrder) {
+  for (DType wire : {DType::f32, DType::f16}) {
+    auto comms = make_host_communicators(2);
+    std::vector<std::thread> ts;
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> first_ranges(2);
+    std::vector<int> rebuilds(2), launched_after_two(2);
+    std::vector<int64_t> wrong(2);
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        auto pool = make_pool({DeviceKind::cpu, r}, PoolOptions{});
+        std::vector<int64_t> offs;
+        for (int i = 0; i < 6; ++i) offs.push_back(i * 1000);
+        Tensor g = Tensor::zeros(*pool, {6000}, DType::f32, MemTag::grads);
+        const double mb = (wire == DType::f32 ? 8000.0 : 4000.0) / 1048576 * 0.95;  // two slots per bucket
+        GradientSync gs(offs, g, *comms[r], {.bucket_mb = mb, .first_bucket_mb = mb, .wire = wire,
+                                             .staging_pool = pool.get()});
+        EXPECT_EQ(gs.buckets().size(), 3u);
+        // Rank 0 sees 5, 3, 4, 2, 1, 0; rank 1 another order, which must not matter.
+        const std::vector<int> seen = r == 0 ? std::vector<int>{5, 3, 4, 2, 1, 0} : std::vector<int>{4, 5, 2, 3, 0, 1};
+        gs.begin(true);
+        for (int s : seen) gs.ready(s, 1);
+        gs.finish();
+        EXPECT_EQ(gs.rebuilds(), 0) << "the step's own buckets stay until the next begin()";
+        // Values exactly representable in f16: i % 61 + rank, mean i % 61 + 0.5.
+        for (int64_t i = 0; i < 6000; ++i) g.data<float>()[i] = static_cast<float>(i % 61 + r);
+        gs.begin(true);
+        rebuilds[r] = gs.rebuilds();
+        first_ranges[r] = gs.buckets()[0].ranges;
+        gs.ready(5, 1);
+        gs.ready(3, 1);
+        launched_after_two[r] = gs.buckets()[0].work != nullptr;
+        for (int s : {4, 2, 1, 0}) gs.ready(s, 1);
+        gs.finish();
+        for (int64_t i = 0; i < 6000; ++i) wrong[r] += g.data<float>()[i] != static_cast<float>(i % 61) + 0.5f;
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(std::string(dtype_name(wire)) + " rank " + std::to_string(r));
+      EXPECT_EQ(rebuilds[r], 1);
+      const std::vector<std::pair<int64_t, int64_t>> want{{3000, 4000}, {5000, 6000}};
+      EXPECT_EQ(first_ranges[r], want) << "bucket 0 holds slots 5 and 3, rank 0's order";
+      EXPECT_TRUE(launched_after_two[r]) << "bucket 0 launches as soon as slots 5 and 3 are ready";
+      EXPECT_EQ(wrong[r], 0) << "packed buckets average every element";
+    }
+  }
+}
+
+TEST(GradientSync, RebuildCanBeTurnedOff) {
+  auto comms = make_host_communicators(2);
+  std::vector<std::thread> ts;
+  std::vector<int> rebuilds(2, -1);
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto pool = make_pool({DeviceKind::cpu, r}, PoolOptions{});
+      std::vector<int64_t> offs{0, 1000, 2000, 3000};
+      Tensor g = Tensor::zeros(*pool, {4000}, DType::f32, MemTag::grads);
+      GradientSync gs(offs, g, *comms[r], {.bucket_mb = 0.0076, .first_bucket_mb = 0.0076, .rebuild = false});
+      for (int pass = 0; pass < 2; ++pass) {
+        gs.begin(true);
+        for (int s : {2, 3, 0, 1}) gs.ready(s, 1);
+        gs.finish();
+      }
+      rebuilds[r] = gs.rebuilds();
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(rebuilds[0], 0);
+  EXPECT_EQ(rebuilds[1], 0);
+}

@@ -76,8 +76,21 @@ TEST(Config, ErrorsNameFileLineKeyAndSuggest) {
   EXPECT_HAS(error_of("", {"train.epocs=2"}), "--set train.epocs=2: unknown key 'train.epocs'; did you mean 'epochs'?");
   EXPECT_HAS(error_of("", {"train.epochs=-1"}), "--set train.epochs: -1 is out of range");
   EXPECT_HAS(error_of("data:\n  mean: [0.5, 0.5]\n  std: [0.5]\n"), "same number of values");
-  EXPECT_EQ(parse_bytes("512MiB", "x"), uint64_t(512) << 20);
-  EXPECT_THROW(parse_bytes("5 parsecs", "x"), ConfigError);
+}
+
+// The emitted configuration is read back to the same configuration (every schema key writes itself).
+TEST(Config, EmitReadsBackToTheSameText) {
+  auto c = parse_config("model:\n  checkpoint: every:3\ntrain:\n  micro_batch: auto\nmemory:\n  bytes: 2GiB\n"
+                        "optim:\n  schedule: step\n  milestones: [1, 2.5]\n",
+                        "run.yaml", {"data.mean=[0.1,0.2]", "data.std=[1,2]"});
+  auto again = parse_config(c.resolved, "resolved", {});
+  EXPECT_EQ(again.resolved, c.resolved);
+  EXPECT_EQ(again.model.checkpoint_every, 3);
+  EXPECT_EQ(again.train.micro_batch, -1);
+  EXPECT_EQ(again.memory.bytes.value_or(0), uint64_t(2) << 30);
+  EXPECT_FALSE(again.memory.fraction.has_value()) << "an unset optional key stays unset";
+  EXPECT_EQ(c.resolved.find("fraction"), std::string::npos);
+  EXPECT_EQ(again.optim.milestones, (std::vector<double>{1, 2.5}));
 }
 
 TEST(Config, EveryShippedConfigParses) {

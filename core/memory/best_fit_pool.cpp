@@ -1,0 +1,237 @@
+// BestFitPool. Free blocks live in size bins (powers of two of 256 B), each an ordered set by
+// (size, address), so best-fit is a lower_bound in one bin plus a scan of at most kBins bin
+// heads: O(log n). Freed blocks merge with free neighbours at once, so a pool whose allocations
+// are all freed is one block per region again.
+#include "core/memory/best_fit_pool.h"
+
+#include <algorithm>
+
+namespace replica {
+
+bool BestFitPool::BySize::operator()(const Block* a, const Block* b) const {
+  return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+}
+
+size_t GrowthPolicy::next_region(size_t need, size_t available) {
+  size_t bytes = std::min(std::max(next_, need), available) & ~(kMemoryGranularity - 1);
+  return bytes < need ? 0 : bytes;
+}
+
+BestFitPool::BestFitPool(Upstream* upstream, std::unique_ptr<RegionPolicy> policy)
+    : upstream_(upstream), policy_(std::move(policy)) {
+  for (int b = 0; b < kBins; ++b) bins_.emplace_back(BySize(), detail::NodeAllocator<Block*>(arena_.get()));
+  first_size_ = policy_->first_region(upstream_->available()) & ~(kMemoryGranularity - 1);
+  if (first_size_ && !add_region(first_size_)) first_failed_ = true;
+}
+
+BestFitPool::~BestFitPool() {
+  for (auto& [p, n] : regions_) upstream_->deallocate(p, n);
+}
+
+int BestFitPool::bin_of(size_t size) {
+  const size_t units = size / kMemoryGranularity;
+  const int b = 63 - __builtin_clzll(units | 1);
+  return std::min(b, kBins - 1);
+}
+
+BestFitPool::Block* BestFitPool::new_block() {
+  if (spare_blocks_.empty()) {
+    constexpr size_t kSlab = 256;
+    block_slabs_.emplace_back(new Block[kSlab]);
+    for (size_t i = 0; i < kSlab; ++i) spare_blocks_.push_back(&block_slabs_.back()[i]);
+  }
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *b = Block{};
+  return b;
+}
+
+void BestFitPool::insert_free(Block* b) {
+  const int bin = bin_of(b->size);
+  b->where = bins_[bin].insert(b).first;
+  nonempty_ |= uint64_t(1) << bin;
+}
+
+void BestFitPool::erase_free(Block* b) {
+  const int bin = bin_of(b->size);
+  bins_[bin].erase(b->where);
+  if (bins_[bin].empty()) nonempty_ &= ~(uint64_t(1) << bin);
+}
+
+bool BestFitPool::usable_by(Block* b, Stream* stream) {
+  if (!b->streams || b->streams->pending.empty()) return true;
+  auto& pending = b->streams->pending;
+  for (auto& [s, ev] : pending) {
+    if (s == stream) continue;  // its own work: later work on that stream is ordered after it
+    if (!ev->done()) return false;
+  }
+  bool all_done = true;
+  for (auto& [s, ev] : pending) all_done = all_done && ev->done();
+  if (all_done) pending.clear();
+  return true;
+}
+
+void BestFitPool::merge_pending(Block* into, Block* from) {
+  if (!from->streams || from->streams->pending.empty()) return;
+  if (!into->streams) into->streams = std::make_unique<Block::StreamUse>();
+  auto& dst = into->streams->pending;
+  for (auto& p : from->streams->pending) dst.push_back(std::move(p));
+}
+
+BestFitPool::Block* BestFitPool::find_best_fit(size_t size, Stream* stream, bool may_wait) {
+  Block key;
+  key.size = size;
+  const uint64_t fits = nonempty_ & ~((uint64_t(1) << bin_of(size)) - 1);
+  Block* pending_fit = nullptr;  // the best fit still in use by another stream's queued work
+  for (uint64_t candidates = fits; candidates; candidates &= candidates - 1) {
+    const int bin = __builtin_ctzll(candidates);
+    for (auto it = bins_[bin].lower_bound(&key); it != bins_[bin].end(); ++it) {
+      if (usable_by(*it, stream)) return *it;  // the first fit in a higher bin is that bin's smallest
+      if (!pending_fit) pending_fit = *it;
+    }
+  }
+  if (!pending_fit || !may_wait) return nullptr;
+  // Nothing else fits (and the pool cannot grow): take it once the host has seen its events
+  // complete (RMM does the same when it takes a block from another stream's free list).
+  for (auto& [s, ev] : pending_fit->streams->pending) ev->synchronize();
+  pending_fit->streams->pending.clear();
+  return pending_fit;
+}
+
+bool BestFitPool::add_region(size_t bytes) {
+  void* p = upstream_->allocate(bytes);
+  if (!p) return false;
+  policy_->on_region(bytes);
+  regions_.emplace_back(static_cast<char*>(p), bytes);
+  Block* b = new_block();
+  b->ptr = static_cast<char*>(p);
+  b->size = bytes;
+  insert_free(b);
+  reserved_ += bytes;
+  peak_reserved_ = std::max(peak_reserved_, reserved_);
+  return true;
+}
+
+void BestFitPool::split(Block* b, size_t size) {
+  Block* rest = new_block();
+  rest->ptr = b->ptr + size;
+  rest->size = b->size - size;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next) b->next->prev = rest;
+  b->next = rest;
+  b->size = size;
+  // The tail keeps the events its bytes still wait for; b's were passed (usable_by) or synced.
+  if (b->streams && !b->streams->pending.empty()) {
+    rest->streams = std::make_unique<Block::StreamUse>();
+    rest->streams->pending = b->streams->pending;
+  }
+  insert_free(rest);
+}
+
+Allocation BestFitPool::allocate(const AllocRequest& r) {
+  // A block this stream may take now; else a new region (when the policy grows); else a block
+  // another stream's work still uses, after waiting for it; else nothing.
+  Block* b = find_best_fit(r.size, r.stream, false);
+  if (!b) {
+    const size_t grow = policy_->next_region(r.size, upstream_->available());
+    if (grow && add_region(grow)) b = find_best_fit(r.size, r.stream, false);
+  }
+  if (!b) b = find_best_fit(r.size, r.stream, true);
+  if (!b) return {};
+  erase_free(b);
+  if (b->size - r.size >= kMemoryGranularity) split(b, r.size);  // the tail stays free
+  b->free = false;
+  if (r.stream) {
+    if (!b->streams) b->streams = std::make_unique<Block::StreamUse>();
+    b->streams->owner = r.stream;
+    b->streams->users.clear();
+    b->streams->pending.clear();
+  } else if (b->streams) {
+    b->streams.reset();
+  }
+  in_use_ += b->size;
+  return {b->ptr, b};
+}
+
+void BestFitPool::deallocate(const Allocation& a, const AllocRequest&) {
+  Block* b = static_cast<Block*>(a.handle);
+  in_use_ -= b->size;
+  b->free = true;
+  if (b->streams) {  // the work queued on its streams may still read it: events to pass first
+    auto& u = *b->streams;
+    if (u.owner) u.pending.emplace_back(u.owner, u.owner->record());
+    for (Stream* s : u.users) u.pending.emplace_back(s, s->record());
+    u.owner = nullptr;
+    u.users.clear();
+  }
+  if (b->next && b->next->free) {  // merge the right neighbour into b
+    Block* n = b->next;
+    erase_free(n);
+    merge_pending(b, n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    recycle(n);
+  }
+  if (b->prev && b->prev->free) {  // merge b into the left neighbour
+    Block* l = b->prev;
+    erase_free(l);
+    merge_pending(l, b);
+    l->size += b->size;
+    l->next = b->next;
+    if (b->next) b->next->prev = l;
+    recycle(b);
+    b = l;
+  }
+  insert_free(b);
+}
+
+void BestFitPool::record_stream(const Allocation& a, Stream* stream) {
+  Block* b = static_cast<Block*>(a.handle);
+  if (!b->streams) b->streams = std::make_unique<Block::StreamUse>();
+  auto& u = *b->streams;
+  if (u.owner != stream && std::find(u.users.begin(), u.users.end(), stream) == u.users.end())
+    u.users.push_back(stream);
+}
+
+size_t BestFitPool::largest_free_block() const {
+  if (!nonempty_) return 0;
+  return (*bins_[63 - __builtin_clzll(nonempty_)].rbegin())->size;
+}
+
+MemoryInfo BestFitPool::info() const {
+  MemoryInfo m;
+  m.reserved = reserved_;
+  m.peak_reserved = peak_reserved_;
+  m.capacity = std::min(upstream_->available(), SIZE_MAX - reserved_) + reserved_;
+  m.free = reserved_ - in_use_;
+  m.headroom = m.capacity - in_use_;
+  m.largest_free = largest_free_block();
+  m.regions = regions_.size();
+  return m;
+}
+
+size_t BestFitPool::release_unused() {
+  if (!policy_->releases()) return 0;
+  size_t released = 0;
+  for (size_t i = 0; i < regions_.size();) {
+    auto [ptr, n] = regions_[i];
+    Block* whole = nullptr;
+    for (auto* b : bins_[bin_of(n)])
+      if (b->ptr == ptr && b->size == n) whole = b;
+    if (whole) {
+      erase_free(whole);
+      recycle(whole);
+      upstream_->deallocate(ptr, n);
+      reserved_ -= n;
+      released += n;
+      regions_.erase(regions_.begin() + i);
+    } else {
+      ++i;
+    }
+  }
+  return released;
+}
+
+}  // namespace replica

@@ -1,0 +1,129 @@
+// BestFitPool: the coalescing best-fit pool over an upstream, stream-ordered (RMM's
+// pool_memory_resource over stream_ordered_memory_resource). How it asks its upstream for
+// memory is a RegionPolicy: all of it at once (preallocate, like JAX) or growing regions.
+#pragma once
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "core/memory/resource.h"
+#include "core/node_arena.h"
+
+namespace replica {
+
+// When and how much the pool asks its upstream for.
+class RegionPolicy {
+ public:
+  virtual ~RegionPolicy() = default;
+  // The region taken when the pool is made (0: none); `available` is what the upstream allows.
+  virtual size_t first_region(size_t available) = 0;
+  // A region for a request of `need` bytes that no free block fits; 0: do not grow.
+  virtual size_t next_region(size_t need, size_t available) = 0;
+  // The upstream gave a region of `bytes`.
+  virtual void on_region(size_t bytes) { (void)bytes; }
+  // Whether whole unused regions may go back to the upstream.
+  virtual bool releases() const = 0;
+  virtual const char* name() const = 0;
+};
+
+// Everything the upstream allows, once, at start-up; never grows, never gives back.
+class PreallocatePolicy : public RegionPolicy {
+ public:
+  size_t first_region(size_t available) override { return available; }
+  size_t next_region(size_t, size_t) override { return 0; }
+  bool releases() const override { return false; }
+  const char* name() const override { return "preallocate"; }
+};
+
+// Regions on demand, each at least twice the last (TensorFlow's BFC growth), up to the limit.
+class GrowthPolicy : public RegionPolicy {
+ public:
+  explicit GrowthPolicy(size_t initial) : next_(std::max(initial, kMemoryGranularity)) {}
+  size_t first_region(size_t) override { return 0; }
+  size_t next_region(size_t need, size_t available) override;
+  void on_region(size_t bytes) override { next_ = std::max(next_, bytes) * 2; }
+  bool releases() const override { return true; }
+  const char* name() const override { return "growth"; }
+
+ private:
+  size_t next_;
+};
+
+class BestFitPool final : public MemoryResource {
+ public:
+  // Throws nothing: a first region the upstream refuses leaves the pool empty (failed() says so).
+  BestFitPool(Upstream* upstream, std::unique_ptr<RegionPolicy> policy);
+  ~BestFitPool() override;
+  BestFitPool(const BestFitPool&) = delete;
+  BestFitPool& operator=(const BestFitPool&) = delete;
+
+  // Stream-ordered (RMM's rule): a block belongs to the stream it was allocated for. When it is
+  // freed, an event is recorded on that stream and on every stream handed it with
+  // record_stream(); the block is then reused at once by the same stream (its later work is
+  // ordered after the earlier), and by another stream only once those events have completed.
+  // When nothing else fits and the pool cannot grow, a pending block is taken after its events
+  // are waited for on the host (never handed over early). A null stream records no events.
+  Allocation allocate(const AllocRequest& r) override;
+  void deallocate(const Allocation& a, const AllocRequest& r) override;
+  void record_stream(const Allocation& a, Stream* stream) override;
+  MemoryInfo info() const override;
+  size_t release_unused() override;
+  void reset_peaks() override { peak_reserved_ = reserved_; }
+
+  bool first_region_failed() const { return first_failed_; }
+  size_t first_region_size() const { return first_size_; }
+  const RegionPolicy& policy() const { return *policy_; }
+
+ private:
+  struct Block;
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using FreeSet = std::set<Block*, BySize, detail::NodeAllocator<Block*>>;
+  struct Block {
+    char* ptr = nullptr;
+    size_t size = 0;
+    bool free = true;
+    Block* prev = nullptr;  // neighbours by address inside one region
+    Block* next = nullptr;
+    FreeSet::iterator where;  // its place in its bin while free: erased without a search
+    // Stream ordering, only for asynchronous streams (null on CPU: nothing to track).
+    struct StreamUse {
+      Stream* owner = nullptr;                                          // allocated for
+      std::vector<Stream*> users;                                       // record_stream()
+      std::vector<std::pair<Stream*, std::shared_ptr<Event>>> pending;  // free: events to pass
+    };
+    std::unique_ptr<StreamUse> streams;
+  };
+  static constexpr int kBins = 48;
+  static int bin_of(size_t size);
+  // True when `stream` may take free block b now: every pending event is its own or done.
+  static bool usable_by(Block* b, Stream* stream);
+  static void merge_pending(Block* into, Block* from);
+
+  Block* new_block();
+  void recycle(Block* b) { spare_blocks_.push_back(b); }
+  void insert_free(Block* b);
+  void erase_free(Block* b);
+  // The best free block `stream` may use now; with may_wait, else one whose pending events it
+  // waits for on the host.
+  Block* find_best_fit(size_t size, Stream* stream, bool may_wait);
+  bool add_region(size_t bytes);
+  void split(Block* b, size_t size);
+  size_t largest_free_block() const;
+
+  Upstream* upstream_;
+  std::unique_ptr<RegionPolicy> policy_;
+  std::unique_ptr<detail::NodeArena> arena_ = std::make_unique<detail::NodeArena>();
+  std::vector<FreeSet> bins_;
+  uint64_t nonempty_ = 0;  // bit b set when bins_[b] has a free block: best-fit skips empty bins
+  std::vector<std::pair<char*, size_t>> regions_;
+  std::vector<std::unique_ptr<Block[]>> block_slabs_;
+  std::vector<Block*> spare_blocks_;
+  size_t reserved_ = 0, peak_reserved_ = 0, in_use_ = 0;
+  bool first_failed_ = false;
+  size_t first_size_ = 0;
+};
+
+}  // namespace replica
