@@ -20,6 +20,7 @@
 #include "train/factory.h"
 #include "train/memplan.h"
 #include "train/model_io.h"
+#include "train/run_report.h"
 #include "train/signals.h"
 #include "train/trainer.h"
 #include "train/weights_interop.h"
@@ -113,12 +114,13 @@ int cmd_export(const std::string& config, const std::vector<std::string>& sets, 
                const std::string& format, const std::string& dtype, const std::string& out) {
   if (format != "safetensors") throw ConfigError("--format " + format + ": the format written is safetensors");
   if (model_path.empty()) throw ConfigError("export: give --model RUN_DIR/model.bin");
+  const std::string st_dtype = safetensors_dtype(dtype);  // a bad --dtype is refused before any work
   auto t = model_host(config, sets, model_path);
   std::string bytes;
   t->group().run([&](parallel::Replica& rep) {
     auto& m = t->model(rep.local_index());
     train::load_model(m, model_path);
-    bytes = train::export_safetensors(m, {.dtype = safetensors_dtype(dtype)});
+    bytes = train::export_safetensors(m, {.dtype = st_dtype});
   });
   write_file_atomic(out, bytes);
   std::printf("%s: %s with PyTorch's names (%s), %s\n", out.c_str(), t->model(0).name().c_str(), dtype.c_str(),
@@ -179,6 +181,9 @@ int main(int argc, char** argv) {
   import_cmd->add_option("--out", out_path, "the model file to write (MODEL.bin)")->required();
   import_cmd->add_option("--config", config, "configuration that builds the model (default: the built-in)");
   import_cmd->add_option("--set", sets, "override a key (repeatable)");
+  std::string report_dir;
+  auto* report_cmd = app.add_subcommand("report", "a run's summary and a plot of loss, accuracy and lr (RUN_DIR/report.svg)");
+  report_cmd->add_option("run_dir", report_dir, "the run directory (train.run_dir)")->required();
   auto* dev_cmd = app.add_subcommand("devices", "list devices and the memory pool each would take");
   add_common(dev_cmd);
   auto* plan_cmd = app.add_subcommand("memplan", "memory per replica by tag, whether it fits, the largest micro-batch");
@@ -237,6 +242,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*eval_cmd) return cmd_eval(config, sets, model_path, checkpoint);
+    if (*report_cmd) {
+      std::printf("%s", train::report_run_directory(report_dir).c_str());
+      return 0;
+    }
     if (*export_cmd) return cmd_export(config, sets, model_path, format, dtype, out_path);
     if (*import_cmd) return cmd_import(config, sets, st_path, out_path);
     if (*dev_cmd) return cmd_devices(config, sets);

@@ -1,10 +1,12 @@
 // JsonWriter: builds one JSON object or array as text with proper escaping and number handling
 // (non-finite numbers become null, as JSON has no NaN). The metrics sink and the reports write
-// through it instead of concatenating strings.
+// through it instead of concatenating strings. parse_json_object reads such a line back (a flat
+// object of numbers, strings, booleans, nulls and arrays of numbers: what the writer makes).
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -114,5 +116,17 @@ class JsonWriter {
   std::vector<bool> first_;
   bool after_key_ = false;
 };
+
+// One flat JSON object, read back. Missing keys read as NaN / "" / empty.
+struct JsonObject {
+  std::map<std::string, double> numbers_;  // numbers and booleans (1/0); null is NaN
+  std::map<std::string, std::string> texts_;
+  std::map<std::string, std::vector<double>> arrays_;
+  double number(const std::string& k) const;
+  std::string text(const std::string& k) const;
+  std::vector<double> numbers(const std::string& k) const;
+};
+// Throws IoError naming `source` and the byte where the text stops being such an object.
+JsonObject parse_json_object(std::string_view text, const std::string& source);
 
 }  // namespace replica

@@ -296,11 +296,12 @@ std::map<std::string, Section> schema(RunConfig& c) {
          optional_of(mem.fraction)},
         {"bytes", [&](auto& n, auto& l) { mem.bytes = parse_bytes(scalar(n, l), l.where()); }, optional_of(mem.bytes)},
         bool_key("step_plan", mem.step_plan)}},
+      {"run", {double_key("cost_per_device_hour", c.run.cost_per_device_hour, 0, 1e9)}},
   };
 }
 
 // The order sections are written in (and shown in help): the order of a config file.
-const char* const kSectionOrder[] = {"model", "data", "train", "checkpoint", "optim", "parallel", "memory"};
+const char* const kSectionOrder[] = {"model", "data", "train", "checkpoint", "optim", "parallel", "memory", "run"};
 
 std::vector<std::string> keys_of(const Section& s) {
   std::vector<std::string> k;
@@ -340,7 +341,7 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
     throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  if (!root.IsMap()) throw ConfigError(source + ": expected sections (model, data, train, optim, parallel, memory, checkpoint)");
+  if (!root.IsMap()) throw ConfigError(source + ": expected sections (model, data, train, optim, parallel, memory, checkpoint, run)");
   RunConfig c;
   c.source = source;
   auto sch = schema(c);
@@ -381,7 +382,7 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
     int line = it->first.Mark().line + 1;
     if (!sch.count(sec))
       throw ConfigError(source + ":" + std::to_string(line) + ": unknown section '" + sec + "'" + suggest(sec, sections) +
-                        " (sections: model, data, train, optim, parallel, memory, checkpoint)");
+                        " (sections: model, data, train, optim, parallel, memory, checkpoint, run)");
     if (it->second.IsNull()) continue;
     if (!it->second.IsMap()) throw ConfigError(source + ":" + std::to_string(line) + ": " + sec + ": expected key: value pairs");
     auto& section = sch[sec];

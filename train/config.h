@@ -99,6 +99,11 @@ struct MemoryConfig {
   bool step_plan = false;  // record step 2's allocations, serve later steps from a packed plan
 };
 
+// What the run report adds (train/run_report.h).
+struct RunSection {
+  double cost_per_device_hour = 0;  // in any currency; 0: the report shows device-hours only
+};
+
 struct RunConfig {
   ModelConfig model;
   DataConfig data;
@@ -107,6 +112,7 @@ struct RunConfig {
   ParallelConfig parallel;
   MemoryConfig memory;
   CheckpointConfig checkpoint;
+  RunSection run;
   std::string source;    // file name, or "built-in default"
   std::string resolved;  // the effective configuration as YAML (written to the run directory)
 };

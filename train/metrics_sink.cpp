@@ -70,6 +70,11 @@ void ProgressPrinter::eval(const EvalRecord& r) {
   std::fflush(stdout);
 }
 
+void ProgressPrinter::summary(const RunReport& r) {
+  std::printf("%s", r.text().c_str());
+  std::fflush(stdout);
+}
+
 void JsonlSink::append(const std::string& line) const {
   std::ofstream out(path_, std::ios::app);
   out << line << '\n';

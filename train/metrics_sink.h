@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "train/replica_step.h"
+#include "train/run_report.h"
 #include "train/tensorboard.h"
 
 namespace replica::train {
@@ -40,6 +41,8 @@ class MetricsSink {
   // Every step; `logged` marks the steps that close a window (every log_every, and the last).
   virtual void step(const StepRecord& r, bool logged) = 0;
   virtual void eval(const EvalRecord& r) = 0;
+  // Once, at the end of a run.
+  virtual void summary(const RunReport& r) { (void)r; }
 };
 
 // Fans out to several sinks.
@@ -52,6 +55,9 @@ class MetricsSinks : public MetricsSink {
   void eval(const EvalRecord& r) override {
     for (auto& s : sinks_) s->eval(r);
   }
+  void summary(const RunReport& r) override {
+    for (auto& s : sinks_) s->summary(r);
+  }
 
  private:
   std::vector<std::unique_ptr<MetricsSink>> sinks_;
@@ -63,6 +69,7 @@ class ProgressPrinter : public MetricsSink {
   explicit ProgressPrinter(bool tty) : tty_(tty) {}
   void step(const StepRecord& r, bool logged) override;
   void eval(const EvalRecord& r) override;
+  void summary(const RunReport& r) override;
 
  private:
   bool tty_;
@@ -74,6 +81,7 @@ class JsonlSink : public MetricsSink {
   explicit JsonlSink(std::string path) : path_(std::move(path)) {}
   void step(const StepRecord& r, bool logged) override;
   void eval(const EvalRecord& r) override;
+  void summary(const RunReport& r) override { append(r.json()); }
 
  private:
   void append(const std::string& line) const;

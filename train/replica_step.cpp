@@ -3,6 +3,7 @@
 
 #include "ops/nn/training_pass.h"
 
+#include <chrono>
 #include <cmath>
 #include <optional>
 
@@ -36,6 +37,7 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   ctx.bn_frozen = o_.bn_frozen;
   if (o_.sync_bn && rep_.world() > 1)
     ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum(d, n); };
+  const auto t0 = std::chrono::steady_clock::now();
   const int rebuilt_before = sync_->rebuilds();
   sync_->begin(last);
   if (sync_->rebuilds() != rebuilt_before && rep_.rank() == 0) {
@@ -58,6 +60,7 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
                         "compute");
     model_.backward(ctx, dlogits);
   }
+  phases_.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   loss_sum_ += r.loss_sum;
   correct_ += static_cast<double>(r.correct);
   count_ += static_cast<double>(images.dim(0));
@@ -68,10 +71,19 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   if (micro_seen_ != o_.accumulation)
     throw Error("ReplicaStep::apply after " + std::to_string(micro_seen_) + " micro-steps; expected " +
                 std::to_string(o_.accumulation));
+  const auto t0 = std::chrono::steady_clock::now();
   {
     Timeline::Scope wait(o_.timeline, 2 * rep_.rank(), "wait for gradient all-reduce", "comm");
     sync_->finish();
   }
+  const auto t1 = std::chrono::steady_clock::now();
+  phases_.allreduce_wait += std::chrono::duration<double>(t1 - t0).count();
+  // Everything after the wait, whichever way apply() returns, is the optimizer's share.
+  struct OptimizerTime {
+    double& into;
+    std::chrono::steady_clock::time_point t;
+    ~OptimizerTime() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); }
+  } optimizer_time{phases_.optimizer, t1};
   if (o_.timeline && rep_.world() > 1) {
     int i = 0;
     for (const auto& b : sync_->buckets())

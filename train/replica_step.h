@@ -59,6 +59,13 @@ struct StepOptions {
   Timeline* timeline = nullptr;  // `--trace`: slices for forward, backward, all-reduces, optimizer
 };
 
+// Where one replica's step time went, summed over the run (the run report splits wall time by it).
+struct PhaseSeconds {
+  double compute = 0;         // forward, loss and backward (all-reduces overlap the backward)
+  double allreduce_wait = 0;  // waiting for the gradient buckets after backward
+  double optimizer = 0;       // metrics reduction, finite check, clipping, the update
+};
+
 class ReplicaStep {
  public:
   ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Optimizer& opt, StepOptions o);
@@ -81,6 +88,7 @@ class ReplicaStep {
   nn::Model& model() { return model_; }
   parallel::Replica& replica() { return rep_; }
   const parallel::GradientSync& sync() const { return *sync_; }
+  const PhaseSeconds& phases() const { return phases_; }
 
  private:
   parallel::Replica& rep_;
@@ -94,6 +102,7 @@ class ReplicaStep {
   int64_t steps_seen_ = 0;
   std::array<size_t, kNumTags> baseline_{};
   std::string leak_report_;
+  PhaseSeconds phases_;
 };
 
 }  // namespace replica::train

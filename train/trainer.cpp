@@ -204,9 +204,13 @@ std::string Trainer::checkpoint_dir() const {
 
 void Trainer::save_checkpoint(parallel::Replica& rep, FitLoop& loop, CheckpointPolicy& checkpoints,
                               int64_t global_step, int64_t epoch, int64_t step_in_epoch) {
+  const auto t0 = Clock::now();
   checkpoints.saved(global_step);
   const std::string path = write_checkpoint_file(rep, checkpoints, global_step, epoch, step_in_epoch);
-  if (rep.rank() == 0) loop.result.last_checkpoint = path;
+  if (rep.rank() == 0) {
+    loop.result.last_checkpoint = path;
+    loop.checkpoint_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
 }
 
 std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const CheckpointPolicy& policy, int64_t global_step,
@@ -475,6 +479,8 @@ FitResult Trainer::fit() {
   const int64_t spe = sharding_->steps_per_epoch();
   const int64_t epochs = (total_steps_ + spe - 1) / spe;
   FitLoop loop{CheckpointPolicy(cfg_.checkpoint, checkpoint_dir(), spe), epochs, {}, {}, 0};
+  // "Many steps" above 85%: 50 in a row, or a quarter of a short run (at least 10).
+  for (auto& st : states_) st.pressure = MemoryPressure(std::min<int64_t>(50, std::max<int64_t>(10, total_steps_ / 4)));
   std::unique_ptr<DirectoryLock> lock;
   if (group_->lead_process()) lock = open_run_directory(loop.sinks);  // rank 0's process writes it
   print_start();
@@ -490,9 +496,36 @@ FitResult Trainer::fit() {
   int64_t images = 0;
   for (auto& h : result.history) images += h.samples;
   result.images_per_second = images / std::max(loop.train_seconds, 1e-9);
+  if (group_->lead_process()) loop.sinks.summary(run_report(loop));
   write_traces();
   print_end(result);
   return result;
+}
+
+// The run's summary (train/run_report.h): rank 0's phase times, this process's pools.
+RunReport Trainer::run_report(const FitLoop& loop) const {
+  RunReport r;
+  const auto& st = states_[0];
+  r.wall_s = loop.result.seconds;
+  r.steps = loop.result.steps;
+  for (const auto& h : loop.result.history) r.images += h.samples;
+  r.images_per_s = loop.result.images_per_second;
+  r.replicas = group_->world();
+  r.devices = cfg_.parallel.devices;
+  r.data_wait_s = st.loader->wait_seconds();
+  r.compute_s = st.step->phases().compute;
+  r.allreduce_wait_s = st.step->phases().allreduce_wait;
+  r.optimizer_s = st.step->phases().optimizer;
+  r.eval_s = loop.eval_seconds;
+  r.checkpoint_s = loop.checkpoint_seconds;
+  for (int i = 0; i < group_->size(); ++i) {
+    const auto s = group_->replica(i).pool().stats();
+    r.peak_mib.push_back(s.peak_in_use / 1048576.0);
+    r.capacity_mib.push_back(s.capacity / 1048576.0);
+  }
+  for (const auto& s : states_) r.pressure_steps = std::max(r.pressure_steps, s.pressure.steps_above());
+  r.cost_per_device_hour = cfg_.run.cost_per_device_hour;
+  return r;
 }
 
 void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
@@ -532,10 +565,12 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
     const double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     if (lead) loop.train_seconds += epoch_seconds;
     if (cfg_.train.eval && !stop) {
+      const auto t_eval = Clock::now();
       EvalResult e = [&] {
         Timeline::Scope ev(timeline_.get(), 2 * rep.rank(), "evaluation", "eval");
         return evaluate_on(rep);
       }();
+      if (lead) loop.eval_seconds += std::chrono::duration<double>(Clock::now() - t_eval).count();
       if (lead) {
         loop.result.test = e;
         loop.sinks.eval({.step = step, .epoch = epoch + 1, .count = e.count, .loss = e.loss, .accuracy = e.accuracy,
@@ -551,9 +586,11 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
     loop.result.skipped = st.scaler ? st.scaler->skipped() : 0;
     if (!loop.result.history.empty()) loop.result.last_loss = loop.result.history.back().loss;
   }
+  const auto t_save = Clock::now();
   with_averaged_statistics(rep, *st.model, [&] {
     if (lead) save_model(*st.model, st.model->params(), st.model->buffers(), cfg_.train.run_dir + "/model.bin");
   });
+  if (lead) loop.checkpoint_seconds += std::chrono::duration<double>(Clock::now() - t_save).count();
 }
 
 StepStatus Trainer::train_step(parallel::Replica& rep, int64_t global_step, bool more_in_epoch) {
@@ -563,6 +600,7 @@ StepStatus Trainer::train_step(parallel::Replica& rep, int64_t global_step, bool
     return st.loader->next();
   };
   rep.pool().set_step(global_step);
+  rep.pool().push_scope();  // this step's peak, for the memory-pressure rule
   // memory.step_plan: the second step of the run is recorded, later ones are served.
   const int64_t nth = global_step - start_global_step_;
   const bool plan = cfg_.memory.step_plan && rep.device().kind == DeviceKind::cpu;
@@ -582,6 +620,10 @@ StepStatus Trainer::train_step(parallel::Replica& rep, int64_t global_step, bool
   StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()), stop_requested());
   if (plan && nth == 1) rep.pool().plan_record_end();
   if (plan && nth >= 2) rep.pool().plan_step_end();
+  const std::string warning = st.pressure.observe(rep.device().str(), rep.pool().pop_scope().peak_in_use / 1048576.0,
+                                                  rep.pool().capacity() / 1048576.0,
+                                                  rep.pool().options().bytes ? "memory.bytes" : "memory.fraction");
+  if (!warning.empty()) log_warn(warning);
   return status;
 }
 

@@ -17,6 +17,7 @@
 #include "train/checkpoint_policy.h"
 #include "train/config.h"
 #include "train/metrics_sink.h"
+#include "train/run_report.h"
 #include "train/replica_step.h"
 
 namespace replica::train {
@@ -78,6 +79,8 @@ class Trainer {
     std::unique_ptr<data::ReplicaLoader> loader;
     std::unique_ptr<Stream> stage_stream;  // CPU replicas under REPLICA_STAGE_AHEAD=1 only
     std::unique_ptr<InputStager> inputs;  // batches to the device ahead of use (copy stream)
+    // The memory-pressure rule over this replica's step peaks (its own thread observes it).
+    MemoryPressure pressure{50};
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
   void init_schedule();
@@ -94,8 +97,10 @@ class Trainer {
     MetricsSinks sinks;
     FitResult result;
     double train_seconds;  // evaluation excluded
+    double eval_seconds = 0, checkpoint_seconds = 0;  // rank 0's
   };
   void fit_replica(parallel::Replica& rep, FitLoop& loop);
+  RunReport run_report(const FitLoop& loop) const;
   // One optimizer step: the micro-steps over the next batches, the all-reduce, the update and
   // the stop vote (StepStatus::stop).
   StepStatus train_step(parallel::Replica& rep, int64_t global_step, bool more_in_epoch);

@@ -76,21 +76,31 @@ TEST(Cli, TrainsAndTheLossFallsThenEvaluates) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("2 replicas"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("test loss"), std::string::npos) << r.out;
-  // metrics.jsonl: one line per logged step and per evaluation
+  // metrics.jsonl: one line per logged step and per evaluation, then the run's summary
   std::ifstream m(dir + "/metrics.jsonl");
   std::vector<double> losses;
-  std::string line;
-  int evals = 0;
+  std::string line, last;
+  int evals = 0, summaries = 0;
   std::regex loss_re("\"kind\":\"step\".*\"loss\":([0-9.eE+-]+)");
   while (std::getline(m, line)) {
+    last = line;
     std::smatch sm;
     if (std::regex_search(line, sm, loss_re)) losses.push_back(std::stod(sm[1]));
     if (line.find("\"kind\":\"eval\"") != std::string::npos) evals++;
+    if (line.find("\"kind\":\"summary\"") != std::string::npos) {
+      summaries++;
+      for (const char* field : {"\"steps\":40", "\"compute_s\":", "\"allreduce_wait_s\":", "\"peak_mib\":"})
+        EXPECT_NE(line.find(field), std::string::npos) << line;
+      continue;
+    }
     for (const char* field : {"\"step\":", "\"epoch\":", "\"loss\":", "\"accuracy\":"})
       EXPECT_NE(line.find(field), std::string::npos) << line;
   }
   ASSERT_EQ(losses.size(), 4u);
   EXPECT_EQ(evals, 1);
+  EXPECT_EQ(summaries, 1);
+  EXPECT_NE(last.find("\"kind\":\"summary\""), std::string::npos) << "the summary is the last record";
+  EXPECT_NE(r.out.find("run report: 40 steps"), std::string::npos) << r.out;
   EXPECT_LT(losses.back(), losses.front() * 0.8) << "the loss falls: " << losses.front() << " -> " << losses.back();
   EXPECT_TRUE(std::filesystem::exists(dir + "/config.yaml"));
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.bin"));
@@ -285,4 +295,34 @@ TEST(Cli, KilledAtRandomMomentsAndResumedEqualsAStraightRun) {
   EXPECT_TRUE(bytes(dir + "/model.bin") == want) << "the killed-and-resumed run's model.bin differs from the straight run's";
   for (auto& e : std::filesystem::directory_iterator(dir + "/checkpoints"))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "a killed writer's temporary was left: " << e.path();
+}
+
+// export writes PyTorch-named safetensors beside the run; import reads them back into a model
+// file identical to the run's; --version says what the build has.
+TEST(Cli, ExportThenImportGivesTheModelBack) {
+  const std::string dir = ::testing::TempDir() + "/cli_export";
+  auto r = run("train --devices cpu:1 --run-dir " + dir +
+               " --set model.width=4 --set data.dataset=synthetic --set data.synthetic_size=256"
+               " --set data.mean=[0.5] --set data.std=[0.25] --set train.global_batch=16 --set train.max_steps=2"
+               " --set train.eval=false");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto e = run("export --model " + dir + "/model.bin " + dir + "/model.safetensors --dtype fp32");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("with PyTorch's names"), std::string::npos) << e.out;
+  auto i = run("import " + dir + "/model.safetensors --out " + dir + "/back.bin --config " + dir + "/config.yaml");
+  ASSERT_EQ(i.code, 0) << i.out;
+  std::ifstream a(dir + "/model.bin", std::ios::binary), b(dir + "/back.bin", std::ios::binary);
+  const std::string ab((std::istreambuf_iterator<char>(a)), {}), bb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(ab.empty());
+  EXPECT_TRUE(ab == bb) << "the imported model file differs from the exported run's";
+  // Into a model of another shape: an error that names the file and the mismatch, exit code 1.
+  auto bad = run("import " + dir + "/model.safetensors --out " + dir + "/bad.bin --config " + dir +
+                 "/config.yaml --set model.width=8");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("model.safetensors: does not fit"), std::string::npos) << bad.out;
+  EXPECT_EQ(run("export --model " + dir + "/model.bin " + dir + "/x.safetensors --dtype fp8").code, 2);
+  auto v = run("--version");
+  EXPECT_EQ(v.code, 0) << v.out;
+  EXPECT_NE(v.out.find("replica 0."), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("MPI:"), std::string::npos) << v.out;
 }

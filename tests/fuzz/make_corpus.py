@@ -53,6 +53,20 @@ out("fuzz_idx", "images.gz", gzip.compress(images, mtime=0))
 
 out("fuzz_cifar", "two_records", bytes([3]) + bytes(range(256)) * 12 + bytes([9]) + bytes(3072))
 
+def safetensors(header, data):
+    h = header.encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+out("fuzz_safetensors", "two", safetensors(
+    '{"__metadata__":{"format":"pt"},"bn.num_batches_tracked":{"dtype":"I64","shape":[],"data_offsets":[0,8]},'
+    '"conv.weight":{"dtype":"F32","shape":[2,1,1,1],"data_offsets":[8,16]}}', struct.pack("<q2f", 7, 1.0, -2.0)))
+out("fuzz_safetensors", "half", safetensors(
+    '{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},"b\\u00e9":{"dtype":"F16","shape":[1],"data_offsets":[4,6]}}',
+    b"\x80\x3f\x00\x40\x00\x3c"))
+out("fuzz_safetensors", "empty", safetensors("{}", b""))
+
 for p in sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))):
     name = os.path.basename(p)
     with open(p, "rb") as f:

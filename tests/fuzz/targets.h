@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "core/safetensors.h"
 #include "data/dataset.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -38,6 +39,21 @@ inline void model_file(const uint8_t* data, size_t size) {
     volatile unsigned char sink = 0;
     for (char c : m.params) sink = sink ^ static_cast<unsigned char>(c);
     for (char c : m.buffers) sink = sink ^ static_cast<unsigned char>(c);
+  } catch (const IoError&) {
+  }
+}
+
+inline void safetensors_file(const uint8_t* data, size_t size) {
+  try {
+    auto f = safetensors::parse(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.safetensors");
+    volatile unsigned char sink = 0;
+    for (const auto& t : f.tensors)
+      for (char c : t.data) sink = sink ^ static_cast<unsigned char>(c);
+    // What was read writes back to a file that reads again (the writer's own checks hold).
+    std::vector<safetensors::TensorData> ts;
+    for (const auto& t : f.tensors) ts.push_back({t.name, t.dtype, t.shape, std::string(t.data)});
+    const std::string again = safetensors::serialize(std::move(ts), f.metadata);
+    safetensors::parse(again, "fuzz.safetensors (written back)");
   } catch (const IoError&) {
   }
 }

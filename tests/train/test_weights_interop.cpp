@@ -4,6 +4,7 @@
 // shape and dtype mismatches are errors that list them; the safetensors reader refuses damage.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -15,6 +16,8 @@
 #include "ops/models/resnet.h"
 #include "ops/nn/context.h"
 #include "support/compare.h"
+#include "train/config.h"
+#include "train/trainer.h"
 #include "train/weights_interop.h"
 
 using namespace replica;
@@ -174,4 +177,41 @@ TEST(Safetensors, DamageIsRefusedByName) {
   std::string bad_json = good;
   bad_json[9] = '[';
   expect_error(bad_json, "safetensors header, byte");
+}
+
+// model.init_from: a run starts from another run's exported weights; with another number of
+// classes the classifier is re-initialised (the rest is the file's), and every replica agrees.
+TEST(WeightsInterop, InitFromStartsARunFromExportedWeights) {
+  const std::string dir = ::testing::TempDir() + "replica_init_from";
+  std::vector<std::string> base = {"model.width=4", "data.dataset=synthetic", "data.synthetic_shape=[8,8,1]",
+                                   "data.synthetic_size=128", "data.mean=[0.5]", "data.std=[0.25]",
+                                   "train.global_batch=32", "train.max_steps=2", "train.eval=false",
+                                   "train.tensorboard=false", "checkpoint.every_epochs=0", "parallel.devices=cpu:2"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto s = base;
+    s.insert(s.end(), extra.begin(), extra.end());
+    return train::parse_config("", "test", s);
+  };
+  train::Trainer first(with({"train.run_dir=" + dir + "/a"}), {.print = false});
+  first.fit();
+  const std::string file = dir + "/a.safetensors";
+  write_file_atomic(file, train::export_safetensors(first.model(0)));
+  const auto& reg = first.model(0).registry().params();
+  const auto fc = std::find_if(reg.begin(), reg.end(), [](const auto& p) { return p.name == "fc.weight"; });
+  ASSERT_NE(fc, reg.end());
+
+  for (int classes : {10, 5}) {
+    train::Trainer second(with({"train.run_dir=" + dir + "/b" + std::to_string(classes), "model.init_from=" + file,
+                                "data.synthetic_classes=" + std::to_string(classes)}),
+                          {.print = false});
+    for (int r = 0; r < 2; ++r) {
+      const float* a = first.model(0).params().data<float>();
+      const float* b = second.model(r).params().data<float>();
+      EXPECT_EQ(std::memcmp(a, b, fc->offset * sizeof(float)), 0) << "everything before the classifier is the file's";
+      if (classes == 10) {
+        EXPECT_EQ(std::memcmp(a, b, first.model(0).num_params() * sizeof(float)), 0) << "same classes: all of it";
+      }
+    }
+    EXPECT_EQ(second.model(0).registry().params().back().shape[0], classes);
+  }
 }
