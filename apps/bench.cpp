@@ -1,6 +1,8 @@
 // Benchmarks behind `replica bench`. Timings belong here, never in tests.
 #include "apps/bench.h"
 
+#include "data/loader.h"
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -250,6 +252,41 @@ int bench_alloc(const std::string& csv) {
   size_t arena = pack_offline(ev, packed_live);
   std::printf(" %-34s %16s %21.3fx %16s %14s\n", "lifetime-aware packing (offline)", format_bytes(arena).c_str(),
               double(arena) / live, "-", "-");
+  return 0;
+}
+
+int bench_data(const DataBenchOptions& o) {
+  const auto cfg = train::load_config(o.config, o.sets);
+  const auto ds = train::make_dataset(cfg.data, "train");
+  const Shape s = ds->sample_shape();
+  const int64_t n = std::min<int64_t>(o.images, ds->size()), per = s.numel();
+  std::printf("# replica bench data: %s, %ld images to %ldx%ldx%ld (decode + %s), %s\n", ds->name().c_str(), (long)n,
+              (long)s[0], (long)s[1], (long)s[2], ds->own_augmentation() ? "random resized crop + flip" : "augment",
+              cfg.data.dataset.c_str());
+  std::printf("%8s %12s %14s\n", "workers", "images/s", "per worker");
+  data::AugmentOptions aug{cfg.data.pad_crop, cfg.data.hflip, cfg.data.mean, cfg.data.std};
+  double one = 0;
+  for (int w : o.workers) {
+    std::vector<std::thread> ts;
+    const auto t0 = Clock::now();
+    for (int t = 0; t < w; ++t)
+      ts.emplace_back([&, t] {
+        std::vector<float> out(static_cast<size_t>(per) * 32);
+        std::vector<int32_t> labels(32);
+        std::vector<int64_t> idx;
+        for (int64_t i = t; i < n; i += w) {
+          idx.push_back(i);
+          if (idx.size() == 32 || i + w >= n) {
+            data::load_samples(*ds, idx, aug, true, 1, 0, out.data(), labels.data());
+            idx.clear();
+          }
+        }
+      });
+    for (auto& t : ts) t.join();
+    const double ips = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - t0).count();
+    if (w == o.workers.front()) one = ips / w;
+    std::printf("%8d %12.1f %14.1f   (%.2fx the first row per worker)\n", w, ips, ips / w, ips / w / std::max(one, 1e-9));
+  }
   return 0;
 }
 

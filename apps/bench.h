@@ -31,5 +31,15 @@ int bench_train(const TrainBenchOptions& o);
 // reports peak reserved / peak live and fragmentation over time.
 int bench_alloc(const std::string& csv);
 
+// The input pipeline alone: decode + augment images/s of the configuration's training set (a
+// folder or packed data set), per worker count, no training.
+struct DataBenchOptions {
+  std::string config;
+  std::vector<std::string> sets;
+  std::vector<int> workers{1, 2};
+  int64_t images = 2048;
+};
+int bench_data(const DataBenchOptions& o);
+
 
 }  // namespace replica::apps

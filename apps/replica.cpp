@@ -4,12 +4,15 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "apps/bench.h"
 #include "apps/build_info.h"
 #include "core/cuda/runtime.h"
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/file_io.h"
+#include "data/image_pack.h"
 #include "core/log.h"
 #include "core/memory_pool.h"
 #include "core/pools.h"
@@ -142,6 +145,39 @@ int cmd_import(const std::string& config, const std::vector<std::string>& sets, 
   return 0;
 }
 
+// `replica pack`: a class-folder split into a .pack; or (--idx) an IDX data set into class folders.
+int cmd_pack(const std::string& src, const std::string& out, bool from_idx, int size, int64_t limit, data::PackOptions o) {
+  if (src.empty()) throw ConfigError("pack: give the source folder (or with --idx the MNIST-layout directory)");
+  if (o.max_side < 8 || o.quality < 1 || o.quality > 100)
+    throw ConfigError("pack: --max-side must be >= 8 and --quality in 1..100");
+  if (o.threads <= 0) o.threads = host_core_count();
+  if (from_idx) {
+    for (const char* split : {"train", "test"}) {
+      std::shared_ptr<const data::Dataset> ds = data::load_mnist_dir(src, split, "idx");
+      if (limit > 0 && limit < ds->size()) ds = std::make_shared<data::SubsetDataset>(ds, limit);
+      const std::string dir = out + (split == std::string("train") ? "/train" : "/val");
+      data::write_image_folder(*ds, dir, size, o.quality, o.threads);
+      std::printf("%s: %ld images in %ld class folders\n", dir.c_str(), (long)ds->size(), (long)ds->classes());
+    }
+    return 0;
+  }
+  data::ImageRecipe r;
+  const data::FolderDataset ds(src, r, src);
+  const bool tty = isatty(STDERR_FILENO);
+  int last_pct = -1;
+  o.progress = [&](int64_t done, int64_t total) {
+    const int pct = static_cast<int>(100 * done / std::max<int64_t>(1, total));
+    if (tty) std::fprintf(stderr, "\rpacking %ld/%ld images (%d%%)", (long)done, (long)total, pct);
+    else if (pct / 10 != last_pct / 10) std::fprintf(stderr, "packing %ld/%ld images (%d%%)\n", (long)done, (long)total, pct);
+    last_pct = pct;
+  };
+  const size_t bytes = data::pack_images(ds, out, o);
+  if (tty) std::fprintf(stderr, "\n");
+  std::printf("%s: %ld images of %ld classes, %s (shorter side <= %d, quality %d)\n", out.c_str(), (long)ds.size(),
+              (long)ds.classes(), format_bytes(bytes).c_str(), o.max_side, o.quality);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,6 +217,20 @@ int main(int argc, char** argv) {
   import_cmd->add_option("--out", out_path, "the model file to write (MODEL.bin)")->required();
   import_cmd->add_option("--config", config, "configuration that builds the model (default: the built-in)");
   import_cmd->add_option("--set", sets, "override a key (repeatable)");
+  std::string pack_src, pack_out;
+  bool pack_idx = false;
+  data::PackOptions pack_opts;
+  int pack_size = 0;
+  int64_t pack_limit = 0;
+  auto* pack_cmd = app.add_subcommand("pack", "pack a class-folder image set into one memory-mapped file (data.dataset: packed)");
+  pack_cmd->add_option("src", pack_src, "a class-folder tree (SPLIT/<class>/<image>), or with --idx an MNIST-layout directory");
+  pack_cmd->add_option("out", pack_out, "the .pack file to write (with --idx: the folder to write train/ and val/ into)")->required();
+  pack_cmd->add_option("--max-side", pack_opts.max_side, "resize so the shorter side is at most this (default 256)");
+  pack_cmd->add_option("--quality", pack_opts.quality, "JPEG quality of the re-encoded images (default 90)");
+  pack_cmd->add_option("--threads", pack_opts.threads, "encoding threads (default: every core)");
+  pack_cmd->add_flag("--idx", pack_idx, "read IDX files (Fashion-MNIST, MNIST) from src and write a class-folder JPEG set");
+  pack_cmd->add_option("--size", pack_size, "with --idx: resize the images to size x size RGB (default: as they are)");
+  pack_cmd->add_option("--limit", pack_limit, "with --idx: only the first N images of each split (default: all)");
   std::string report_dir;
   auto* report_cmd = app.add_subcommand("report", "a run's summary and a plot of loss, accuracy and lr (RUN_DIR/report.svg)");
   report_cmd->add_option("run_dir", report_dir, "the run directory (train.run_dir)")->required();
@@ -211,6 +261,12 @@ int main(int argc, char** argv) {
   std::string replay;
   auto* alloc_cmd = bench_cmd->add_subcommand("alloc", "replay an allocation trace against each pool policy");
   alloc_cmd->add_option("--replay", replay, "CSV written by replica train --alloc-trace")->required();
+  apps::DataBenchOptions db;
+  auto* data_cmd = bench_cmd->add_subcommand("data", "images/s of the input pipeline alone (folder or packed data sets)");
+  data_cmd->add_option("config", db.config, "YAML run configuration");
+  data_cmd->add_option("--set", db.sets, "override a key (repeatable)");
+  data_cmd->add_option("--workers", db.workers, "worker counts to run, e.g. --workers 1 2");
+  data_cmd->add_option("--images", db.images, "images per run (default 2048)");
 
   try {
     app.parse(argc, argv);
@@ -242,6 +298,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*eval_cmd) return cmd_eval(config, sets, model_path, checkpoint);
+    if (*pack_cmd) return cmd_pack(pack_src, pack_out, pack_idx, pack_size, pack_limit, pack_opts);
+    if (*data_cmd) return apps::bench_data(db);
     if (*report_cmd) {
       std::printf("%s", train::report_run_directory(report_dir).c_str());
       return 0;

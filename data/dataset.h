@@ -21,6 +21,18 @@ class Dataset {
   virtual int64_t classes() const = 0;
   // Writes sample `index` as floats in [0,1] (HWC) and returns its label.
   virtual int32_t get(int64_t index, float* out) const = 0;
+  // Data sets with a recipe of their own (image folders: random resized crop and flip) write a
+  // training sample drawn from `key` here; the loader's pad-crop and flip are for the others.
+  virtual bool own_augmentation() const { return false; }
+  virtual int32_t get_train(int64_t index, float* out, uint64_t key) const {
+    (void)key;
+    return get(index, out);
+  }
+  // Unreadable files replaced so far (data.skip_bad_files), and the first one's name.
+  virtual int64_t skipped_files(std::string* first = nullptr) const {
+    (void)first;
+    return 0;
+  }
 };
 
 // Images kept as bytes (60k Fashion-MNIST images take 47 MB).
@@ -69,6 +81,10 @@ class SubsetDataset : public Dataset {
   Shape sample_shape() const override { return base_->sample_shape(); }
   int64_t classes() const override { return base_->classes(); }
   int32_t get(int64_t index, float* out) const override { return base_->get(index, out); }
+  bool own_augmentation() const override { return base_->own_augmentation(); }
+  int32_t get_train(int64_t index, float* out, uint64_t key) const override { return base_->get_train(index, out, key); }
+  int64_t skipped_files(std::string* first = nullptr) const override { return base_->skipped_files(first); }
+  const Dataset& base() const { return *base_; }
 
  private:
   std::shared_ptr<const Dataset> base_;

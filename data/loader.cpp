@@ -60,8 +60,15 @@ void load_samples(const Dataset& ds, const std::vector<int64_t>& idx, const Augm
   std::vector<float> tmp(n);
   for (size_t b = 0; b < idx.size(); ++b) {
     float* dst = out + b * n;
-    labels[b] = ds.get(idx[b], augment ? tmp.data() : dst);
-    if (augment && (aug.pad_crop > 0 || aug.hflip)) {
+    if (augment && ds.own_augmentation()) {  // the data set's recipe, drawn from (seed, epoch, index)
+      labels[b] = ds.get_train(idx[b], dst, mix(mix(seed ^ 0x5eedull) ^ mix(static_cast<uint64_t>(epoch) * 0x9e37ull) ^
+                                                     static_cast<uint64_t>(idx[b])));
+    } else {
+      labels[b] = ds.get(idx[b], augment ? tmp.data() : dst);
+    }
+    if (augment && ds.own_augmentation()) {
+      // cropped and flipped already
+    } else if (augment && (aug.pad_crop > 0 || aug.hflip)) {
       uint64_t r = mix(mix(seed ^ 0xa5a5a5a5ull) ^ mix(static_cast<uint64_t>(epoch) * 0x9e37ull) ^
                        static_cast<uint64_t>(idx[b]));
       const int64_t span = 2 * aug.pad_crop + 1;

@@ -14,6 +14,7 @@ mode="${1:-build}"
 case "$mode" in --run|--test|build) ;; *) echo "usage: scripts/setup.sh [--run|--test]" >&2; exit 2 ;; esac
 
 packages=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev libyaml-cpp-dev googletest libgtest-dev
+          libturbojpeg0-dev libpng-dev
           libbenchmark-dev zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
 # The sanitizer and fuzz jobs of --test: Debian's clang with its libFuzzer runtime, and bc for the fuzz table.
 [ "$mode" = "--test" ] && packages+=(clang libclang-rt-14-dev bc)

@@ -192,7 +192,7 @@ std::map<std::string, Section> schema(RunConfig& c) {
            return true;
          }}}},
       {"data",
-       {choice_key("dataset", d.dataset, {"fashion-mnist", "mnist", "cifar10", "synthetic"}),
+       {choice_key("dataset", d.dataset, {"fashion-mnist", "mnist", "cifar10", "folder", "packed", "synthetic"}),
         text_key("path", d.path),
         int_key("pad_crop", d.pad_crop, 0, 64),
         bool_key("hflip", d.hflip),
@@ -219,7 +219,27 @@ std::map<std::string, Section> schema(RunConfig& c) {
         int_key("synthetic_size", d.synthetic_size, 1, int64_t(1) << 40),
         int_key("prefetch", d.prefetch, 1, 64),
         int_key("limit_train", d.limit_train, 0, int64_t(1) << 40),
-        int_key("limit_test", d.limit_test, 0, int64_t(1) << 40)}},
+        int_key("limit_test", d.limit_test, 0, int64_t(1) << 40),
+        text_key("train_dir", d.train_dir),
+        text_key("val_dir", d.val_dir),
+        int_key("image_size", d.image_size, 8, 4096),
+        int_key("eval_resize", d.eval_resize, 0, 8192),
+        {"crop_scale",
+         [&](auto& n, auto& l) {
+           auto v = as_list(n, l, 1e-6, 1);
+           if (v.size() != 2 || v[0] > v[1]) fail(l, "expected [min, max] of the image's area, e.g. [0.08, 1]");
+           d.crop_scale = v;
+         },
+         list_of(d.crop_scale)},
+        {"crop_ratio",
+         [&](auto& n, auto& l) {
+           auto v = as_list(n, l, 1e-3, 1e3);
+           if (v.size() != 2 || v[0] > v[1]) fail(l, "expected [min, max] width/height, e.g. [0.75, 1.3333]");
+           d.crop_ratio = v;
+         },
+         list_of(d.crop_ratio)},
+        int_key("workers", d.workers, 0, 256),
+        bool_key("skip_bad_files", d.skip_bad_files)}},
       {"train",
        {double_key("epochs", t.epochs, 1e-6, 1e6),
         int_key("global_batch", t.global_batch, 1, int64_t(1) << 30),
@@ -400,6 +420,9 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
     throw ConfigError(source + ": optim.schedule: step needs optim.milestones (epochs), e.g. [100, 150]");
   if (!std::is_sorted(c.optim.milestones.begin(), c.optim.milestones.end()))
     throw ConfigError(source + ": optim.milestones must be increasing");
+  if ((c.data.dataset == "folder" || c.data.dataset == "packed") && c.data.pad_crop)
+    throw ConfigError(source + ": data.pad_crop is for the in-memory data sets; a " + c.data.dataset +
+                      " data set crops with data.crop_scale and data.crop_ratio (RandomResizedCrop)");
   if (c.data.mean.size() != c.data.std.size())
     throw ConfigError(source + ": data.mean and data.std need the same number of values (one per channel)");
   c.resolved = emit(c);

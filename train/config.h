@@ -20,7 +20,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | cifar10 | synthetic
+  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | cifar10 | folder | packed | synthetic
   std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t pad_crop = 0;
   bool hflip = false;
@@ -31,6 +31,13 @@ struct DataConfig {
   int prefetch = 2;
   int64_t limit_train = 0;  // use only the first N training samples (0 = all)
   int64_t limit_test = 0;
+  // folder / packed (data/image_folder.h): train and val class folders, or their pack files
+  std::string train_dir, val_dir;  // empty: data.path/train and data.path/val (.pack for packed)
+  int64_t image_size = 224;
+  int64_t eval_resize = 0;         // shorter side before the centre crop; 0: image_size / 0.875
+  std::vector<double> crop_scale{0.08, 1.0}, crop_ratio{0.75, 4.0 / 3.0};
+  int64_t workers = 0;             // decode threads per replica; 0: the cores no CPU replica runs on
+  bool skip_bad_files = false;
 };
 
 struct TrainConfig {

@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "core/pools.h"
 #include "ops/cpu/threads.h"
+#include "data/image_pack.h"
 #include "ops/models/resnet.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_policy.h"
@@ -39,9 +40,47 @@ namespace replica::train {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+// The image data set behind `ds` (through a data.limit_* subset), or null.
+const data::EncodedImageDataset* encoded(const data::Dataset* ds) {
+  if (const auto* sub = dynamic_cast<const data::SubsetDataset*>(ds)) ds = &sub->base();
+  return dynamic_cast<const data::EncodedImageDataset*>(ds);
+}
+}  // namespace
+
+// Image folders name their classes: train and val must name the same ones, and the run directory
+// keeps the mapping (classes.txt), so a resumed or continued run cannot silently relabel.
+void Trainer::check_classes() {
+  const auto* tr = encoded(train_.get());
+  const auto* va = encoded(test_.get());
+  if (!tr || !va) return;
+  if (tr->class_names() != va->class_names())
+    throw ConfigError("data: the train and val folders name different classes (only in train: " +
+                      data::class_difference(tr->class_names(), va->class_names()) + "; only in val: " +
+                      data::class_difference(va->class_names(), tr->class_names()) +
+                      "); every class needs a folder in both");
+  for (const auto& c : tr->class_names()) class_list_ += c + "\n";
+  const std::string path = cfg_.train.run_dir + "/classes.txt";
+  if (std::filesystem::exists(path) && read_file(path, "class list") != class_list_)
+    throw ConfigError(path + ": this run directory was trained on other classes (or another order) than " +
+                      cfg_.data.path + " has; use another train.run_dir, or the data set it was trained on");
+}
+
 std::shared_ptr<data::Dataset> make_dataset(const DataConfig& d, const std::string& split) {
   std::shared_ptr<data::Dataset> ds;
-  if (d.dataset == "fashion-mnist" || d.dataset == "mnist") {
+  if (d.dataset == "folder" || d.dataset == "packed") {
+    data::ImageRecipe r;
+    r.image_size = static_cast<int>(d.image_size);
+    r.eval_resize = static_cast<int>(d.eval_resize);
+    r.crop = {d.crop_scale[0], d.crop_scale[1], d.crop_ratio[0], d.crop_ratio[1]};
+    r.hflip = d.hflip;
+    r.skip_bad_files = d.skip_bad_files;
+    const bool train = split == "train";
+    const std::string& given = train ? d.train_dir : d.val_dir;
+    const std::string base = d.path + (train ? "/train" : "/val");
+    if (d.dataset == "folder") ds = std::make_shared<data::FolderDataset>(given.empty() ? base : given, r, "folder:" + split);
+    else ds = std::make_shared<data::PackedDataset>(given.empty() ? base + ".pack" : given, r, "packed:" + split);
+  } else if (d.dataset == "fashion-mnist" || d.dataset == "mnist") {
     ds = data::load_mnist_dir(d.path, split, d.dataset);
   } else if (d.dataset == "cifar10") {
     ds = data::load_cifar10_dir(d.path, split);
@@ -98,6 +137,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
 
   train_ = make_dataset(cfg_.data, "train");
   test_ = make_dataset(cfg_.data, "test");
+  check_classes();
   const Shape s = train_->sample_shape();
   if (!cfg_.data.mean.empty() && static_cast<int64_t>(cfg_.data.mean.size()) != s[2])
     throw ConfigError(cfg_.source + ": data.mean has " + std::to_string(cfg_.data.mean.size()) + " values but " +
@@ -184,9 +224,15 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
   st.staging = make_staging_pool(rep.device());
   // A GPU replica's host cores are free: its loader uses a share of them.
-  const int workers = rep.device().kind == DeviceKind::cuda
-                          ? std::max(1, std::min(8, host_core_count() / std::max(1, group_->size()) - 1))
-                          : 1;
+  // data.workers, or by default: a GPU replica's share of the host's cores; for image files on CPU
+  // replicas, the cores no replica runs on (decoding is the work there); in-memory data: 1.
+  int workers = static_cast<int>(cfg_.data.workers);
+  if (!workers) {
+    const int local = std::max(1, group_->size());
+    if (rep.device().kind == DeviceKind::cuda) workers = std::max(1, std::min(8, host_core_count() / local - 1));
+    else if (encoded(train_.get())) workers = std::max(1, (host_core_count() - local) / local);
+    else workers = 1;
+  }
   st.loader = std::make_unique<data::ReplicaLoader>(*train_, *sharding_, rep.rank(), st.input_pool(rep), aug_,
                                                     cfg_.train.seed, cfg_.data.prefetch, workers);
   Stream* copy = rep.copy_stream();
@@ -564,6 +610,10 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
     }
     const double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     if (lead) loop.train_seconds += epoch_seconds;
+    std::string first_bad;
+    if (const int64_t bad = train_->skipped_files(&first_bad); lead && bad && opts_.print)
+      std::printf("replica: data.skip_bad_files: %ld unreadable file(s) replaced so far, the first %s\n",
+                  static_cast<long>(bad), first_bad.c_str());
     if (cfg_.train.eval && !stop) {
       const auto t_eval = Clock::now();
       EvalResult e = [&] {
@@ -658,6 +708,7 @@ std::unique_ptr<DirectoryLock> Trainer::open_run_directory(MetricsSinks& sinks) 
   for (const std::string& dir : {run_dir, checkpoint_dir()})
     for (const std::string& f : remove_stale_temporaries(dir)) log_info("removed ", f, " (left by a killed writer)");
   write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
+  if (!class_list_.empty()) write_file_atomic(run_dir + "/classes.txt", class_list_);  // label i = line i
   metrics_path_ = run_dir + "/metrics.jsonl";
   // A resumed run appends to its metrics; a fresh one starts them anew.
   if (resumed_from_.empty()) std::ofstream(metrics_path_, std::ios::trunc).close();

@@ -84,6 +84,7 @@ class Trainer {
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
   void init_schedule();
+  void check_classes();
   void init_from_file(parallel::Replica& rep, nn::Model& model);
   void init_replica(parallel::Replica& rep, const Shape& sample, DType compute);
   // Evaluation on the replicas' averaged statistics; the training state is left as it was.
@@ -126,6 +127,7 @@ class Trainer {
   std::unique_ptr<parallel::ReplicaGroup> group_;
   std::unique_ptr<data::Sharding> sharding_;
   std::vector<State> states_;
+  std::string class_list_;  // image folders: one class name per line (RUN_DIR/classes.txt)
   data::AugmentOptions aug_;
   optim::ScheduleOptions sched_;
   int accumulation_ = 1;

@@ -67,6 +67,33 @@ out("fuzz_safetensors", "half", safetensors(
     b"\x80\x3f\x00\x40\x00\x3c"))
 out("fuzz_safetensors", "empty", safetensors("{}", b""))
 
+def png(w, h, rows):
+    import zlib
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+    raw = b"".join(b"\0" + r for r in rows)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+small_png = png(3, 2, [bytes(range(9)), bytes(range(9, 18))])
+out("fuzz_image", "rgb.png", small_png)
+# fuzz_image/*.jpg seeds are JPEGs written by `replica pack --idx` (this script has no encoder).
+
+
+def pack(classes, blobs):
+    head = b"RPLPACK1" + struct.pack("<IIQ", 1, len(classes), len(blobs))
+    names = b"".join(struct.pack("<I", len(c)) + c for c in classes)
+    start = len(head) + 16 + len(names)
+    index, at = b"", start
+    for label, blob in blobs:
+        index += struct.pack("<QIiHH", at, len(blob), label, 3, 2)
+        at += len(blob)
+    return head + struct.pack("<QQ", at, fnv1a(index)) + names + b"".join(b for _, b in blobs) + index
+
+
+out("fuzz_pack", "two", pack([b"a", b"b"], [(0, small_png), (1, small_png)]))
+
 for p in sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))):
     name = os.path.basename(p)
     with open(p, "rb") as f:

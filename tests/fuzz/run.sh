@@ -14,7 +14,7 @@ work="$root/${REPLICA_FUZZ_BUILD:-build-asan}/fuzz-work"
 status=0
 echo "| target | executions | exec/s | seconds | corpus | result |"
 echo "|---|---|---|---|---|---|"
-for target in fuzz_checkpoint fuzz_model_file fuzz_idx fuzz_cifar fuzz_config fuzz_safetensors; do
+for target in fuzz_checkpoint fuzz_model_file fuzz_idx fuzz_cifar fuzz_config fuzz_safetensors fuzz_image fuzz_pack; do
   [ -x "$bin/$target" ] || { echo "fuzz: $bin/$target is not built (cmake --preset asan)" >&2; exit 2; }
   rm -rf "$work/$target"
   mkdir -p "$work/$target/corpus"

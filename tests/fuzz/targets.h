@@ -12,6 +12,8 @@
 #include "core/errors.h"
 #include "core/safetensors.h"
 #include "data/dataset.h"
+#include "data/image_codec.h"
+#include "data/image_pack.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/model_io.h"
@@ -54,6 +56,28 @@ inline void safetensors_file(const uint8_t* data, size_t size) {
     for (const auto& t : f.tensors) ts.push_back({t.name, t.dtype, t.shape, std::string(t.data)});
     const std::string again = safetensors::serialize(std::move(ts), f.metadata);
     safetensors::parse(again, "fuzz.safetensors (written back)");
+  } catch (const IoError&) {
+  }
+}
+
+inline void image(const uint8_t* data, size_t size) {
+  const std::string_view b(reinterpret_cast<const char*>(data), size);
+  try {
+    int w = 0, h = 0;
+    data::image_size(b, "fuzz.img", w, h);
+    if (static_cast<int64_t>(w) * h > (int64_t(1) << 22)) return;  // libFuzzer's memory limit, not the reader's
+    data::RgbImage img = data::decode_image(b, "fuzz.img", w / 4, h / 4);
+    volatile uint8_t sink = img.pixels.empty() ? 0 : img.pixels.back();
+    (void)sink;
+  } catch (const IoError&) {
+  }
+}
+
+inline void pack(const uint8_t* data, size_t size) {
+  try {
+    const auto p = data::parse_pack(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.pack");
+    volatile uint64_t sink = 0;
+    for (const auto& it : p.items) sink = sink + static_cast<uint8_t>(data[it.offset + (it.size ? it.size - 1 : 0)]);
   } catch (const IoError&) {
   }
 }

@@ -14,7 +14,8 @@ namespace {
 const std::map<std::string, std::function<void(const uint8_t*, size_t)>> kTargets = {
     {"fuzz_checkpoint", replica::fuzz::checkpoint}, {"fuzz_model_file", replica::fuzz::model_file},
     {"fuzz_idx", replica::fuzz::idx},               {"fuzz_cifar", replica::fuzz::cifar},
-    {"fuzz_config", replica::fuzz::config},         {"fuzz_safetensors", replica::fuzz::safetensors_file}};
+    {"fuzz_config", replica::fuzz::config},         {"fuzz_safetensors", replica::fuzz::safetensors_file},
+    {"fuzz_image", replica::fuzz::image},           {"fuzz_pack", replica::fuzz::pack}};
 }  // namespace
 
 TEST(FuzzRegressions, EveryCommittedInputIsReadOrRefusedByName) {
