@@ -146,7 +146,8 @@ int cmd_import(const std::string& config, const std::vector<std::string>& sets, 
 }
 
 // `replica pack`: a class-folder split into a .pack; or (--idx) an IDX data set into class folders.
-int cmd_pack(const std::string& src, const std::string& out, bool from_idx, int size, int64_t limit, data::PackOptions o) {
+int cmd_pack(const std::string& src, const std::string& out, bool from_idx, int size, int64_t limit, bool png,
+             data::PackOptions o) {
   if (src.empty()) throw ConfigError("pack: give the source folder (or with --idx the MNIST-layout directory)");
   if (o.max_side < 8 || o.quality < 1 || o.quality > 100)
     throw ConfigError("pack: --max-side must be >= 8 and --quality in 1..100");
@@ -156,7 +157,7 @@ int cmd_pack(const std::string& src, const std::string& out, bool from_idx, int 
       std::shared_ptr<const data::Dataset> ds = data::load_mnist_dir(src, split, "idx");
       if (limit > 0 && limit < ds->size()) ds = std::make_shared<data::SubsetDataset>(ds, limit);
       const std::string dir = out + (split == std::string("train") ? "/train" : "/val");
-      data::write_image_folder(*ds, dir, size, o.quality, o.threads);
+      data::write_image_folder(*ds, dir, size, o.quality, o.threads, png);
       std::printf("%s: %ld images in %ld class folders\n", dir.c_str(), (long)ds->size(), (long)ds->classes());
     }
     return 0;
@@ -222,6 +223,7 @@ int main(int argc, char** argv) {
   data::PackOptions pack_opts;
   int pack_size = 0;
   int64_t pack_limit = 0;
+  bool pack_png = false;
   auto* pack_cmd = app.add_subcommand("pack", "pack a class-folder image set into one memory-mapped file (data.dataset: packed)");
   pack_cmd->add_option("src", pack_src, "a class-folder tree (SPLIT/<class>/<image>), or with --idx an MNIST-layout directory");
   pack_cmd->add_option("out", pack_out, "the .pack file to write (with --idx: the folder to write train/ and val/ into)")->required();
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
   pack_cmd->add_flag("--idx", pack_idx, "read IDX files (Fashion-MNIST, MNIST) from src and write a class-folder JPEG set");
   pack_cmd->add_option("--size", pack_size, "with --idx: resize the images to size x size RGB (default: as they are)");
   pack_cmd->add_option("--limit", pack_limit, "with --idx: only the first N images of each split (default: all)");
+  pack_cmd->add_flag("--png", pack_png, "with --idx: lossless PNG files instead of JPEG");
   std::string report_dir;
   auto* report_cmd = app.add_subcommand("report", "a run's summary and a plot of loss, accuracy and lr (RUN_DIR/report.svg)");
   report_cmd->add_option("run_dir", report_dir, "the run directory (train.run_dir)")->required();
@@ -298,7 +301,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*eval_cmd) return cmd_eval(config, sets, model_path, checkpoint);
-    if (*pack_cmd) return cmd_pack(pack_src, pack_out, pack_idx, pack_size, pack_limit, pack_opts);
+    if (*pack_cmd) return cmd_pack(pack_src, pack_out, pack_idx, pack_size, pack_limit, pack_png, pack_opts);
     if (*data_cmd) return apps::bench_data(db);
     if (*report_cmd) {
       std::printf("%s", train::report_run_directory(report_dir).c_str());

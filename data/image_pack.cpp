@@ -121,7 +121,7 @@ size_t pack_images(const FolderDataset& src, const std::string& out_path, const 
   return static_cast<size_t>(at + index.size());
 }
 
-void write_image_folder(const Dataset& ds, const std::string& dir, int size, int quality, int threads) {
+void write_image_folder(const Dataset& ds, const std::string& dir, int size, int quality, int threads, bool png) {
   const Shape s = ds.sample_shape();
   const int H = static_cast<int>(s[0]), W = static_cast<int>(s[1]), C = static_cast<int>(s[2]);
   const int S = size > 0 ? size : 0;
@@ -154,11 +154,11 @@ void write_image_folder(const Dataset& ds, const std::string& dir, int size, int
             resample(img, {0, 0, static_cast<double>(W), static_cast<double>(H)}, S, S, false, r.data());
             std::vector<uint8_t> px(r.size());
             for (size_t k = 0; k < r.size(); ++k) px[k] = static_cast<uint8_t>(std::clamp(std::lround(r[k] * 255.f), 0L, 255L));
-            jpeg = encode_jpeg(px.data(), S, S, quality);
+            jpeg = png ? encode_png(px.data(), S, S, 3) : encode_jpeg(px.data(), S, S, quality);
           } else {
-            jpeg = encode_jpeg(rgb.data(), W, H, quality);
+            jpeg = png ? encode_png(rgb.data(), W, H, 3) : encode_jpeg(rgb.data(), W, H, quality);
           }
-          FILE* f2 = std::fopen((label_dir(label) + "/" + std::to_string(i) + ".jpg").c_str(), "wb");
+          FILE* f2 = std::fopen((label_dir(label) + "/" + std::to_string(i) + (png ? ".png" : ".jpg")).c_str(), "wb");
           if (!f2 || std::fwrite(jpeg.data(), 1, jpeg.size(), f2) != jpeg.size() || std::fclose(f2) != 0)
             throw IoError(dir + ": cannot write images there (" + std::strerror(errno) + ")");
         }

@@ -48,10 +48,12 @@ class PackedDataset : public EncodedImageDataset {
   std::vector<Entry> entries_;
 };
 
-// Writes a data set (any: IDX, CIFAR, synthetic) as a class-folder tree of JPEGs, DIR/<label>/
-// <index>.jpg (labels zero-padded so they sort as numbers), each image resized to size x size
-// (0: as it is) and in RGB. For tests and benchmarks of the image pipeline on real pictures.
-void write_image_folder(const Dataset& ds, const std::string& dir, int size, int quality, int threads = 1);
+// Writes a data set (any: IDX, CIFAR, synthetic) as a class-folder tree of JPEGs (or lossless
+// PNGs), DIR/<label>/<index>.jpg|png (labels zero-padded so they sort as numbers), each image
+// resized to size x size (0: as it is) and in RGB. For tests and benchmarks of the image
+// pipeline on real pictures.
+void write_image_folder(const Dataset& ds, const std::string& dir, int size, int quality, int threads = 1,
+                        bool png = false);
 
 // Parses the header and index of a pack in memory (the reader's checks; `source` names it).
 struct PackIndex {

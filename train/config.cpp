@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/env.h"
 #include "core/errors.h"
 #include "ops/models/resnet.h"
 
@@ -64,9 +65,8 @@ double as_double(const YAML::Node& n, const Loc& l, double lo, double hi) {
   return v;
 }
 bool as_bool(const YAML::Node& n, const Loc& l) {
-  std::string s = scalar(n, l);
-  if (s == "true" || s == "yes" || s == "on") return true;
-  if (s == "false" || s == "no" || s == "off") return false;
+  const std::string s = scalar(n, l);
+  if (const auto b = parse_bool_text(s)) return *b;  // the one boolean syntax (core/env.h)
   fail(l, "'" + s + "' is not a boolean; use true or false");
 }
 std::string one_of(const YAML::Node& n, const Loc& l, const std::vector<std::string>& allowed) {

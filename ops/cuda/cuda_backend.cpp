@@ -155,18 +155,20 @@ struct ThreadState {
     plans.clear();
     if (cudnn) cudnnDestroy(cudnn);
     if (cublas) cublasDestroy(cublas);
-    if (scratch) cudaFree(scratch);
+    if (scratch) {  // stream-ordered memory: cudaFree does not wait for its users (thread exit only)
+      cudaDeviceSynchronize();
+      cudaFree(scratch);
+    }
     if (host) cudaFreeHost(host);
   }
   // Device scratch of at least `bytes` (grows; stream-ordered reuse is safe on one stream).
+  // Stream-ordered allocation (cudaMallocAsync / cudaFreeAsync, CUDA 11.2+): the old buffer is
+  // freed after the work queued on this stream, so growing needs no host wait.
   void* get_scratch(size_t bytes) {
     if (bytes > scratch_bytes) {
-      if (scratch) {
-        REPLICA_CUDA_CHECK(cudaStreamSynchronize(stream()));
-        cudaFree(scratch);
-      }
+      if (scratch) REPLICA_CUDA_CHECK(cudaFreeAsync(scratch, stream()));
       scratch_bytes = std::max<size_t>(bytes, 64 << 10);
-      REPLICA_CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
+      REPLICA_CUDA_CHECK(cudaMallocAsync(&scratch, scratch_bytes, stream()));
     }
     return scratch;
   }
