@@ -55,24 +55,13 @@ MemoryPool::~MemoryPool() {
     live_.for_each([&](const void*, Live* l) { base_->deallocate(l->a, l->r); });
 }
 
-MemoryPool::Live* MemoryPool::new_live() {
-  if (spare_live_.empty()) {
-    constexpr size_t kSlab = 256;
-    live_slabs_.emplace_back(new Live[kSlab]);
-    for (size_t i = 0; i < kSlab; ++i) spare_live_.push_back(&live_slabs_.back()[i]);
-  }
-  Live* l = spare_live_.back();
-  spare_live_.pop_back();
-  return l;
-}
-
 void* MemoryPool::allocate(size_t bytes, MemTag tag, Stream* stream) {
   const size_t rounded = std::max(kGranularity, (bytes + kGranularity - 1) & ~(kGranularity - 1));
   if (stream && stream->synchronous()) stream = nullptr;  // nothing to order on a CPU
   const AllocRequest r{rounded, bytes, tag, stream};
   std::lock_guard<std::mutex> lock(mu_);
   const Allocation a = oom_->allocate(r);  // throws OutOfMemoryError
-  Live* l = new_live();
+  Live* l = live_records_.get();
   *l = {a, r, AllocationSite::current()};
   live_.insert(a.ptr, l);
   return a.ptr;
@@ -87,7 +76,7 @@ void MemoryPool::deallocate(void* p) {
     throw Error("MemoryPool(" + device_.str() + "): deallocate of a pointer this pool did not hand out "
                 "(double free, or memory from another pool)");
   oom_->deallocate(l->a, l->r);
-  spare_live_.push_back(l);
+  live_records_.put(l);
 }
 
 void MemoryPool::record_stream(void* p, Stream* stream) {

@@ -17,6 +17,7 @@
 #include "core/memory/options.h"
 #include "core/memory/resource.h"
 #include "core/memory/step_plan_resource.h"
+#include "core/node_arena.h"
 #include "core/ptr_map.h"
 #include "core/stream.h"
 #include "core/units.h"
@@ -94,7 +95,6 @@ class MemoryPool {
     AllocRequest r;
     const char* site = nullptr;  // the layer (or phase) that allocated it, for leak reports
   };
-  Live* new_live();
   // Stacks the layers in use: the step plan while one is recorded or served, the trace while
   // one is attached; statistics and the OOM adaptor always.
   void restack();
@@ -115,8 +115,7 @@ class MemoryPool {
 
   mutable std::mutex mu_;
   detail::PtrMap<Live*> live_;
-  std::vector<std::unique_ptr<Live[]>> live_slabs_;
-  std::vector<Live*> spare_live_;
+  detail::Slab<Live> live_records_;
 };
 
 // Names what the calling thread is allocating for while it lives (layers set their name during

@@ -196,22 +196,24 @@ MemoryPool& device_pool(Communicator& comm, MemoryPool* pool) {
 }
 }  // namespace
 
-void all_reduce_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, ReduceOp op) {
-  if (!comm.device_buffers()) return comm.all_reduce(data, n, DType::f32, op);
+// An in-place collective on host floats: straight on a host communicator, through a temporary
+// device copy on one that needs device buffers (NCCL).
+template <typename Collective>
+void in_place_on_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, Collective run) {
+  if (!comm.device_buffers()) return run(static_cast<void*>(data));
   Tensor d = Tensor::empty(device_pool(comm, pool), {static_cast<int64_t>(n)}, DType::f32, MemTag::other);
   tensor_from_bytes(d, data, n * sizeof(float));
-  comm.all_reduce(d.raw(), n, DType::f32, op);
+  run(d.raw());
   std::string back = tensor_to_bytes(d);
   std::memcpy(data, back.data(), back.size());
 }
 
+void all_reduce_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, ReduceOp op) {
+  in_place_on_host(comm, pool, data, n, [&](void* p) { comm.all_reduce(p, n, DType::f32, op); });
+}
+
 void broadcast_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, int root) {
-  if (!comm.device_buffers()) return comm.broadcast(data, n, DType::f32, root);
-  Tensor d = Tensor::empty(device_pool(comm, pool), {static_cast<int64_t>(n)}, DType::f32, MemTag::other);
-  tensor_from_bytes(d, data, n * sizeof(float));
-  comm.broadcast(d.raw(), n, DType::f32, root);
-  std::string back = tensor_to_bytes(d);
-  std::memcpy(data, back.data(), back.size());
+  in_place_on_host(comm, pool, data, n, [&](void* p) { comm.broadcast(p, n, DType::f32, root); });
 }
 
 void all_gather_host(Communicator& comm, MemoryPool* pool, const float* send, float* recv, size_t n) {

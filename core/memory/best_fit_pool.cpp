@@ -35,13 +35,7 @@ int BestFitPool::bin_of(size_t size) {
 }
 
 BestFitPool::Block* BestFitPool::new_block() {
-  if (spare_blocks_.empty()) {
-    constexpr size_t kSlab = 256;
-    block_slabs_.emplace_back(new Block[kSlab]);
-    for (size_t i = 0; i < kSlab; ++i) spare_blocks_.push_back(&block_slabs_.back()[i]);
-  }
-  Block* b = spare_blocks_.back();
-  spare_blocks_.pop_back();
+  Block* b = blocks_.get();
   *b = Block{};
   return b;
 }

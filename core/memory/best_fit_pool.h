@@ -103,7 +103,7 @@ class BestFitPool final : public MemoryResource {
   static void merge_pending(Block* into, Block* from);
 
   Block* new_block();
-  void recycle(Block* b) { spare_blocks_.push_back(b); }
+  void recycle(Block* b) { blocks_.put(b); }
   void insert_free(Block* b);
   void erase_free(Block* b);
   // The best free block `stream` may use now; with may_wait, else one whose pending events it
@@ -119,8 +119,7 @@ class BestFitPool final : public MemoryResource {
   std::vector<FreeSet> bins_;
   uint64_t nonempty_ = 0;  // bit b set when bins_[b] has a free block: best-fit skips empty bins
   std::vector<std::pair<char*, size_t>> regions_;
-  std::vector<std::unique_ptr<Block[]>> block_slabs_;
-  std::vector<Block*> spare_blocks_;
+  detail::Slab<Block> blocks_;
   size_t reserved_ = 0, peak_reserved_ = 0, in_use_ = 0;
   bool first_failed_ = false;
   size_t first_size_ = 0;
