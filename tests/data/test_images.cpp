@@ -225,7 +225,8 @@ TEST(FolderDataset, EveryWrongLayoutIsAClearError) {
 
 TEST(FolderDataset, ABadFileIsAnErrorOrWithSkipReplacedWithinItsClass) {
   const std::string d = make_tree("bad");
-  write(d + "/b/0_broken.jpg", std::string("\xFF\xD8\xFF\xE0 truncated", 16));
+  const char broken[] = "\xFF\xD8\xFF\xE0 truncated";  // a JPEG's first bytes, then nothing
+  write(d + "/b/0_broken.jpg", std::string(broken, sizeof broken - 1));
   ImageRecipe r;
   r.image_size = 16;
   std::vector<float> out(16 * 16 * 3);
