@@ -4,6 +4,7 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -145,9 +146,18 @@ void image_size(std::string_view bytes, const std::string& source, int& width, i
     jpeg_header(bytes, source, width, height, subsamp, cs);
     return;
   }
-  const RgbImage img = decode_image(bytes, source);
-  width = img.width;
-  height = img.height;
+  if (sniff_image(bytes) == ImageKind::png) {  // the IHDR only
+    png_image im;
+    std::memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_memory(&im, bytes.data(), bytes.size()))
+      throw IoError(source + ": not a readable PNG (" + im.message + ")");
+    width = static_cast<int>(std::min<png_uint_32>(im.width, 1u << 30));
+    height = static_cast<int>(std::min<png_uint_32>(im.height, 1u << 30));
+    png_image_free(&im);
+    return;
+  }
+  decode_image(bytes, source);  // neither: the same error as decoding it
 }
 
 std::string encode_jpeg(const uint8_t* rgb, int w, int h, int quality) { return compress(rgb, w, h, TJPF_RGB, TJSAMP_420, quality); }
