@@ -3,8 +3,10 @@
 // needed, the ImageNet crop geometry is torchvision's, class folders and packed files read the
 // same images, and every way a folder or a pack can be wrong is a clear error.
 #include <gtest/gtest.h>
+#include <png.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -90,6 +92,28 @@ TEST(ImageCodec, EveryColourKindDecodesToRgb) {
       }
     }
   }
+}
+
+// A palette PNG (written with libpng's colour-map format) decodes to its palette's colours.
+TEST(ImageCodec, PalettePngsDecodeToTheirColours) {
+  png_image im;
+  std::memset(&im, 0, sizeof im);
+  im.version = PNG_IMAGE_VERSION;
+  im.width = 4;
+  im.height = 2;
+  im.format = PNG_FORMAT_RGB_COLORMAP;
+  im.colormap_entries = 3;
+  const uint8_t colormap[] = {255, 0, 0, 0, 255, 0, 10, 20, 30};
+  const uint8_t index[] = {0, 1, 2, 0, 2, 2, 1, 0};
+  png_alloc_size_t size = 0;
+  ASSERT_TRUE(png_image_write_to_memory(&im, nullptr, &size, 0, index, 0, colormap));
+  std::string bytes(size, '\0');
+  ASSERT_TRUE(png_image_write_to_memory(&im, bytes.data(), &size, 0, index, 0, colormap));
+  bytes.resize(size);
+  const RgbImage img = decode_image(bytes, "palette.png");
+  ASSERT_EQ(img.width, 4);
+  for (int p = 0; p < 8; ++p)
+    for (int c = 0; c < 3; ++c) EXPECT_EQ(img.pixels[3 * p + c], colormap[3 * index[p] + c]) << "pixel " << p;
 }
 
 TEST(ImageCodec, TheKindComesFromTheBytesAndDamageIsNamed) {
