@@ -181,6 +181,8 @@ int cmd_pack(const std::string& src, const std::string& out, bool from_idx, int 
 
 }  // namespace
 
+// main: the command-line table (every subcommand and option, read top to bottom like --help),
+// then one dispatch to the cmd_* functions above. Long because it is that table, not logic.
 int main(int argc, char** argv) {
   CLI::App app{"replica: data-parallel training of ResNets on CPU replicas and GPUs"};
   app.require_subcommand(1);

@@ -72,6 +72,26 @@ std::vector<Entry> entries(nn::Model& model) {
   return out;
 }
 
+// Copies one tensor between replica's layout (`ours`) and PyTorch's (`theirs`): filters are KRSC
+// here and KCRS (OIHW) there, everything else is the same. `out` picks the direction.
+void to_pytorch_layout(const Entry& e, float* ours, float* theirs, bool out) {
+  if (!e.filter) {
+    if (out) std::memcpy(theirs, ours, static_cast<size_t>(e.numel) * sizeof(float));
+    else std::memcpy(ours, theirs, static_cast<size_t>(e.numel) * sizeof(float));
+    return;
+  }
+  const int64_t K = e.ours[0], R = e.ours[1], S = e.ours[2], C = e.ours[3];
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t c = 0; c < C; ++c) {
+          float& here = ours[((k * R + r) * S + s) * C + c];
+          float& there = theirs[((k * C + c) * R + r) * S + s];
+          if (out) there = here;
+          else here = there;
+        }
+}
+
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string o = "[";
   for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
@@ -99,22 +119,14 @@ std::string pytorch_name(const std::string& arch, const std::string& n) {
 
 std::string export_safetensors(nn::Model& model, const ExportOptions& o) {
   const DType out_dt = dtype_of(o.dtype);
-  const std::string params = tensor_to_bytes(model.params().view(0, {model.num_params()}));
-  const std::string buffers = tensor_to_bytes(model.buffers().view(0, {model.num_buffers()}));
+  std::string params = tensor_to_bytes(model.params().view(0, {model.num_params()}));
+  std::string buffers = tensor_to_bytes(model.buffers().view(0, {model.num_buffers()}));
   std::vector<safetensors::TensorData> ts;
   const auto es = entries(model);
   for (const auto& e : es) {
-    const float* src = reinterpret_cast<const float*>((e.param ? params : buffers).data()) + e.offset;
+    float* src = reinterpret_cast<float*>((e.param ? params : buffers).data()) + e.offset;
     std::vector<float> v(static_cast<size_t>(e.numel));
-    if (e.filter) {  // KRSC -> KCRS
-      const int64_t K = e.ours[0], R = e.ours[1], S = e.ours[2], C = e.ours[3];
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t s = 0; s < S; ++s)
-            for (int64_t c = 0; c < C; ++c) v[((k * C + c) * R + r) * S + s] = src[((k * R + r) * S + s) * C + c];
-    } else {
-      std::memcpy(v.data(), src, v.size() * sizeof(float));
-    }
+    to_pytorch_layout(e, src, v.data(), true);
     std::string bytes(v.size() * dtype_size(out_dt), '\0');
     convert(v.data(), DType::f32, bytes.data(), out_dt, v.size());
     ts.push_back({e.name, o.dtype, e.shape, std::move(bytes)});
@@ -174,15 +186,7 @@ ImportReport import_safetensors(nn::Model& model, std::string_view bytes, const 
     std::vector<float> v(static_cast<size_t>(e.numel));
     convert(t.data.data(), dt, v.data(), DType::f32, v.size());
     float* dst = reinterpret_cast<float*>((e.param ? params : buffers).data()) + e.offset;
-    if (e.filter) {  // KCRS -> KRSC
-      const int64_t K = e.ours[0], R = e.ours[1], S = e.ours[2], C = e.ours[3];
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t c = 0; c < C; ++c)
-          for (int64_t r = 0; r < R; ++r)
-            for (int64_t s = 0; s < S; ++s) dst[((k * R + r) * S + s) * C + c] = v[((k * C + c) * R + r) * S + s];
-    } else {
-      std::memcpy(dst, v.data(), v.size() * sizeof(float));
-    }
+    to_pytorch_layout(e, dst, v.data(), false);
     rep.tensors++;
   }
   for (const auto& e : es)
