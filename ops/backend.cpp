@@ -7,6 +7,12 @@
 
 namespace replica::ops {
 
+namespace {
+thread_local int64_t t_host_syncs = 0;
+}
+int64_t host_syncs_on_this_thread() { return t_host_syncs; }
+void note_host_sync() { ++t_host_syncs; }
+
 ConvGeom ConvGeom::make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t stride,
                         int64_t pad, const std::string& who) {
   if (x.rank() != 4)

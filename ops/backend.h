@@ -31,7 +31,16 @@ struct PoolGeom {
 };
 
 // Sums a float buffer across replicas in place (sync batch-norm); empty when not synchronized.
+// On a GPU the sum is ordered on the compute stream (no host round trip), so the buffer may only
+// be read by later work on that stream.
 using AllReduceFn = std::function<void(float* data, size_t n)>;
+
+// Host synchronisations made by the calling thread: every Backend call that hands a device value
+// to the host counts one (read_to_host, and the calls returning a loss, a norm or a verdict), on
+// every backend alike, so a CPU test holds the training step to its budget of one per optimizer
+// step (tests/train/test_host_syncs.cpp).
+int64_t host_syncs_on_this_thread();
+void note_host_sync();
 
 class Backend {
  public:
@@ -104,6 +113,11 @@ class Backend {
   };
   virtual LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels,
                                           const Tensor& probs) = 0;
+  // The same, leaving the results on the device for the step's one read (no host wait):
+  // sums (f32 [3]) gets sums[0] += loss sum, sums[1] += correct, and sums[2] += 1 when a label is
+  // outside [0, K) (a CPU backend throws at once instead, naming the sample).
+  virtual void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                       const Tensor& sums) = 0;
   // dlogits = (probs - onehot(labels)) * scale
   virtual void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
                                      const Tensor& dlogits) = 0;
@@ -118,6 +132,15 @@ class Backend {
                                                   const std::vector<std::pair<int64_t, int64_t>>& segments) = 0;
   // grads *= inv_scale, fused with the check; returns false if any element is inf or NaN.
   virtual bool unscale_check_finite(const Tensor& grads, float inv_scale) = 0;
+  // Device-result forms of the two above (f32 [1] outputs, no host wait): out = sum of squares;
+  // nonfinite = 1 if any element of grads was inf or NaN (the caller zeroes it first).
+  virtual void sum_squares_into(const Tensor& x, const Tensor& out) = 0;
+  virtual void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) = 0;
+  // Copies `src` (at most 4 KiB) to host memory once the work queued before it is done: the
+  // training step's one host synchronisation. While it waits, `poll` (if set) is called now and
+  // then, and may throw: the communicators' health checks, so a failed or hung collective that
+  // the stream was ordered after surfaces within its time-out instead of blocking here forever.
+  virtual void read_to_host(const Tensor& src, void* dst, const std::function<void()>& poll = {}) = 0;
   // y = 1 / sqrt(x + eps): frozen batch norm's inverse std from the running variance.
   virtual void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) = 0;
 

@@ -64,8 +64,13 @@ void Lars::step(const Tensor& params, const Tensor& grads, float lr) {
 double clip_grad_norm(const Tensor& grads, double max_norm) {
   auto& be = ops::backend_for(grads.device());
   const double norm = std::sqrt(be.sum_squares(grads));
-  if (max_norm > 0 && norm > max_norm) be.scale(grads, static_cast<float>(max_norm / (norm + 1e-6)));
+  clip_grad_norm(grads, max_norm, norm);
   return norm;
+}
+
+void clip_grad_norm(const Tensor& grads, double max_norm, double norm) {
+  if (max_norm > 0 && norm > max_norm)
+    ops::backend_for(grads.device()).scale(grads, static_cast<float>(max_norm / (norm + 1e-6)));
 }
 
 }  // namespace replica::optim

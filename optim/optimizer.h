@@ -109,5 +109,8 @@ std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_
 
 // Scales grads so their global L2 norm is at most max_norm; returns the norm before clipping.
 double clip_grad_norm(const Tensor& grads, double max_norm);
+// The same with the norm already known (the training step reads it with its other scalars, so
+// clipping costs no host synchronisation of its own).
+void clip_grad_norm(const Tensor& grads, double max_norm, double norm);
 
 }  // namespace replica::optim

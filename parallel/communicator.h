@@ -9,6 +9,10 @@
 
 #include "core/dtype.h"
 
+namespace replica {
+class Stream;
+}
+
 namespace replica::parallel {
 
 enum class ReduceOp { sum, avg, max };
@@ -20,6 +24,14 @@ class Work {
   virtual ~Work() = default;
   virtual void wait() = 0;
   virtual bool done() = 0;
+  // Orders the later work of `s` (a replica's compute stream) after this collective. NCCL does it
+  // on the device (the stream waits on the collective's event; the host returns at once), so a
+  // step needs no host wait per bucket; communicators that compute on the host wait() here.
+  virtual void order_before(Stream& s) { (void)s; wait(); }
+  // Throws what wait() would throw when the collective has failed, timed out or was aborted, and
+  // returns at once otherwise: a host waiting for a stream that was ordered after this work polls
+  // it, so a failure still surfaces within the time-out instead of hanging in the device wait.
+  virtual void check() {}
 };
 using WorkHandle = std::shared_ptr<Work>;
 

@@ -169,20 +169,26 @@ void GradientSync::ready(int first, int count) {
   }
 }
 
-void GradientSync::finish() {
+void GradientSync::finish(Stream* order) {
   if (!sync_ || comm_.size() == 1) return;
   // Launch in bucket order any bucket backward did not complete, so every rank issues the same
   // sequence of collectives.
   while (next_launch_ < static_cast<int>(buckets_.size())) launch(buckets_[next_launch_++]);
   for (auto& b : buckets_) {
-    b.work->wait();
+    if (order) b.work->order_before(*order);
+    else b.work->wait();
     b.done_ns = steady_ns();
-    unpack(b);
+    unpack(b);  // on the compute stream, after the bucket
   }
   // The first synchronised pass has shown the order: the next begin() re-cuts the buckets (in
   // begin, so this step's buckets stay readable, e.g. for the timeline). A pass in which some
   // slot got no gradient shows no complete order; the next one is watched instead.
   if (o_.rebuild && !rebuild_done_ && observed_.size() == offsets_.size()) rebuild_pending_ = true;
+}
+
+void GradientSync::check() const {
+  for (const auto& b : buckets_)
+    if (b.work) b.work->check();
 }
 
 void broadcast_from_root(Communicator& comm, Tensor& t) {

@@ -13,6 +13,7 @@
 
 #include "core/errors.h"
 #include "core/memory_pool.h"
+#include "core/stream.h"
 #include "core/tensor.h"
 #include "parallel/communicator.h"
 
@@ -43,7 +44,8 @@ struct Bucket {
   Tensor packed;
   int pending = 0;              // slots not yet final in this step
   WorkHandle work;
-  // steady-clock ns of the last step's launch and of finish() seeing it done (for timelines)
+  // steady-clock ns of the last step's launch and of finish() seeing it done (for timelines; a
+  // finish ordered on a stream records when it returned, not when the device was done)
   int64_t launched_ns = 0, done_ns = 0;
 };
 
@@ -62,7 +64,13 @@ class GradientSync {
   void begin(bool sync);
   // Waits until every bucket is reduced; launches any bucket not yet launched (e.g. parameters
   // that got no gradient this pass). A no-op after a begin(false).
-  void finish();
+  // With `order` (the replica's compute stream), the wait is on the device where the
+  // communicator can (NCCL: a stream wait per bucket, no host wait; the unpacking queues behind
+  // it), and the host returns at once; the caller's next host synchronisation should poll
+  // check(). Elsewhere, and without `order`, the host waits.
+  void finish(Stream* order = nullptr);
+  // Throws if a collective of the last finish() has failed or timed out (see Work::check).
+  void check() const;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int launched_during_backward() const { return launched_early_; }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/cuda/runtime.h"
+#include "core/log.h"
 #include "core/pools.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/host/host_communicator.h"
@@ -20,6 +21,20 @@ namespace replica::parallel {
 void Replica::reduce(float* data, size_t n, ReduceOp op) {
   if (comm_->device_buffers() && !cuda::is_device_pointer(data)) return all_reduce_host(*comm_, pool_.get(), data, n, op);
   comm_->all_reduce(data, n, DType::f32, op);
+}
+
+void Replica::psum_on_stream(float* data, size_t n) {
+  Communicator& c = lane();
+  if (c.device_buffers() && cuda::is_device_pointer(data)) {
+    c.all_reduce_async(data, n, DType::f32, ReduceOp::sum)->order_before(*stream_);
+    return;
+  }
+  reduce(data, n, ReduceOp::sum);
+}
+
+void Replica::abort(const std::string& why) {
+  comm_->abort(why);
+  if (lane_) lane_->abort(why);
 }
 
 std::vector<float> Replica::all_gather(const float* data, size_t n) {
@@ -48,7 +63,7 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     streams.push_back(make_stream(d));
     stream_ptrs.push_back(streams.back().get());
   }
-  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::unique_ptr<Communicator>> comms, lanes;
   if (cuda_count == 1 && !launched_by_mpi() && opts.solo_single_gpu) {
     // One GPU, one process: nothing to communicate, so no NCCL (nor its start-up) is needed.
     comms.push_back(make_solo_communicator());
@@ -56,6 +71,15 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     NcclOptions no;
     no.timeout = opts.comm_timeout;
     comms = make_nccl_communicators(devices, stream_ptrs, no);
+    if (opts.latency_lane && cuda_count > 1) {
+      if (nccl_orders_communicators()) {
+        no.high_priority = true;
+        lanes = make_nccl_communicators(devices, stream_ptrs, no);
+      } else {
+        log_warn(nccl_version(), " cannot order two communicators per GPU (NCCL_LAUNCH_ORDER_IMPLICIT needs 2.26+): "
+                 "sync-BN shares the gradient communicator and waits behind its buckets");
+      }
+    }
     if (launched_by_mpi()) {
       auto p = mpi_process();
       process_rank_ = p.rank;
@@ -85,6 +109,7 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     rep->stream_ = std::move(streams[r]);
     if (devices[r].kind == DeviceKind::cuda) rep->copy_stream_ = make_stream(devices[r]);
     rep->comm_ = std::move(comms[r]);
+    if (!lanes.empty()) rep->lane_ = std::move(lanes[r]);
     replicas_.push_back(std::move(rep));
   }
   errors_.resize(devices.size());
@@ -123,15 +148,18 @@ void ReplicaGroup::worker(int r) {
     std::exception_ptr err;
     try {
       (*job)(*replicas_[r]);
-    } catch (const CommError&) {
+    } catch (const CommError& e) {
+      // The communicator that failed has aborted itself; with a latency lane the other one of
+      // the pair has not (NCCL aborts are idempotent, so both are told).
       err = std::current_exception();
+      if (replicas_[r]->has_lane()) replicas_[r]->abort(e.what());
     } catch (const std::exception& e) {
       err = std::current_exception();
-      replicas_[r]->comm_->abort("replica " + std::to_string(replicas_[r]->rank_) + " (" +
-                                 replicas_[r]->device_.str() + ") failed: " + e.what());
+      replicas_[r]->abort("replica " + std::to_string(replicas_[r]->rank_) + " (" + replicas_[r]->device_.str() +
+                          ") failed: " + e.what());
     } catch (...) {
       err = std::current_exception();
-      replicas_[r]->comm_->abort("replica " + std::to_string(r) + " failed");
+      replicas_[r]->abort("replica " + std::to_string(r) + " failed");
     }
     std::lock_guard<std::mutex> lock(m_);
     if (err) {

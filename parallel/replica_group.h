@@ -29,6 +29,17 @@ class Replica {
   // Host-to-device input copies overlap compute here (GPU replicas; null on CPU).
   Stream* copy_stream() { return copy_stream_.get(); }
   Communicator& comm() { return *comm_; }
+  // The latency lane, where sync-BN's small all-reduces go: on GPUs a second NCCL communicator on
+  // a high-priority stream when GroupOptions::latency_lane asked for one, so they do not queue
+  // behind the gradient buckets on the first one's stream; otherwise the communicator itself.
+  Communicator& lane() { return lane_ ? *lane_ : *comm_; }
+  bool has_lane() const { return lane_ != nullptr; }
+  // Sums `n` floats across replicas in place, ordered on the compute stream: device memory on a
+  // GPU replica goes through the lane with no host round trip (the compute stream waits for the
+  // collective on the device); host memory and CPU replicas reduce before returning.
+  void psum_on_stream(float* data, size_t n);
+  // Aborts the communicator and the lane (idempotent): the other replicas fail within seconds.
+  void abort(const std::string& why);
 
   // pmap-style helpers over f32 buffers, in place, in host or device memory (host data on a GPU
   // replica travels through a device copy).
@@ -44,7 +55,7 @@ class Replica {
   Device device_;
   std::unique_ptr<MemoryPool> pool_;
   std::unique_ptr<Stream> stream_, copy_stream_;
-  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Communicator> comm_, lane_;
 };
 
 // A failure in one replica, with its rank and the original exception (its type and fields
@@ -81,6 +92,9 @@ struct GroupOptions {
   // A single GPU replica without MPI gets the solo communicator instead of a one-rank NCCL one
   // (the NCCL tests and benchmarks turn this off).
   bool solo_single_gpu = true;
+  // GPU replicas get a second NCCL communicator for small latency-bound collectives (sync-BN),
+  // when the NCCL loaded can order two communicators per device (2.26+; else a warning and none).
+  bool latency_lane = false;
 };
 
 class ReplicaGroup {

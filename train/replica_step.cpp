@@ -22,11 +22,13 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
     o_.buckets.cast = [be](const Tensor& a, const Tensor& b) { be->cast(a, b); };
   }
   sync_ = std::make_unique<parallel::GradientSync>(offsets, model.grads(), replica.comm(), o_.buckets);
+  stats_ = Tensor::empty(replica.pool(), {kStatCount}, DType::f32, MemTag::other);
 }
 
 void ReplicaStep::zero_grad() {
   model_.zero_grad();
-  loss_sum_ = correct_ = count_ = 0;
+  ops::backend_for(rep_.device()).fill(stats_, 0.f);
+  count_ = 0;
   micro_seen_ = 0;
 }
 
@@ -36,7 +38,7 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   ctx.act_dtype = o_.activations;
   ctx.bn_frozen = o_.bn_frozen;
   if (o_.sync_bn && rep_.world() > 1)
-    ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum(d, n); };
+    ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum_on_stream(d, n); };
   const auto t0 = std::chrono::steady_clock::now();
   const int rebuilt_before = sync_->rebuilds();
   sync_->begin(last);
@@ -53,7 +55,7 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
   const float weight = scale / static_cast<float>(o_.micro_batch * o_.accumulation);
   Tensor dlogits;
-  const auto r = nn::forward_and_loss(ctx, model_, images, labels, weight, dlogits);
+  nn::forward_and_loss(ctx, model_, images, labels, weight, dlogits, stats_.view(kLoss, {3}));
   fwd.reset();
   {
     Timeline::Scope bwd(o_.timeline, track, last ? "backward (buckets all-reduce as they fill)" : "backward (no_sync)",
@@ -61,8 +63,6 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
     model_.backward(ctx, dlogits);
   }
   phases_.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  loss_sum_ += r.loss_sum;
-  correct_ += static_cast<double>(r.correct);
   count_ += static_cast<double>(images.dim(0));
   micro_seen_++;
 }
@@ -71,19 +71,14 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   if (micro_seen_ != o_.accumulation)
     throw Error("ReplicaStep::apply after " + std::to_string(micro_seen_) + " micro-steps; expected " +
                 std::to_string(o_.accumulation));
+  auto& be = ops::backend_for(rep_.device());
   const auto t0 = std::chrono::steady_clock::now();
   {
+    // On a GPU the compute stream waits for the buckets on the device (no host wait; a trace
+    // waits on the host instead, to time each bucket).
     Timeline::Scope wait(o_.timeline, 2 * rep_.rank(), "wait for gradient all-reduce", "comm");
-    sync_->finish();
+    sync_->finish(o_.timeline ? nullptr : &rep_.stream());
   }
-  const auto t1 = std::chrono::steady_clock::now();
-  phases_.allreduce_wait += std::chrono::duration<double>(t1 - t0).count();
-  // Everything after the wait, whichever way apply() returns, is the optimizer's share.
-  struct OptimizerTime {
-    double& into;
-    std::chrono::steady_clock::time_point t;
-    ~OptimizerTime() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); }
-  } optimizer_time{phases_.optimizer, t1};
   if (o_.timeline && rep_.world() > 1) {
     int i = 0;
     for (const auto& b : sync_->buckets())
@@ -92,23 +87,49 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
                                                     format_bytes(static_cast<size_t>(b.elements) * 4) + ")",
                            o_.timeline->from_steady(b.launched_ns), o_.timeline->from_steady(b.done_ns), "comm");
   }
-  // One small reduction: the metrics and the stop vote (a signal reaches replicas at slightly
-  // different moments; the sum makes them agree).
-  float sums[4] = {static_cast<float>(loss_sum_), static_cast<float>(correct_), static_cast<float>(count_),
-                   stop_requested ? 1.f : 0.f};
-  if (rep_.world() > 1) rep_.psum(sums, 4);
+  // The step's scalars stay on the device until one read: the loss, accuracy, bad-label flag,
+  // sample count and stop vote summed across replicas in one small collective (a signal reaches
+  // replicas at slightly different moments; the sum makes them agree), then the finite check
+  // and the squared norm of the reduced gradients, then a single copy to the host.
+  const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
+  be.fill(stats_.view(kCount, {1}), static_cast<float>(count_));
+  be.fill(stats_.view(kStop, {1}), stop_requested ? 1.f : 0.f);
+  parallel::WorkHandle metrics;
+  if (rep_.world() > 1) {
+    metrics = rep_.comm().all_reduce_async(stats_.raw(), kReducedStats, DType::f32, parallel::ReduceOp::sum);
+    metrics->order_before(rep_.stream());
+  }
+  be.unscale_check_finite_into(model_.grads(), 1.0f / scale, stats_.view(kNonFinite, {1}));
+  be.sum_squares_into(model_.grads(), stats_.view(kGradSquares, {1}));
+  float host[kStatCount];
+  be.read_to_host(stats_, host, [&] {
+    if (metrics) metrics->check();
+    sync_->check();
+  });
+  const auto t1 = std::chrono::steady_clock::now();
+  phases_.allreduce_wait += std::chrono::duration<double>(t1 - t0).count();
+  // Everything after the wait, whichever way apply() returns, is the optimizer's share.
+  struct OptimizerTime {
+    double& into;
+    std::chrono::steady_clock::time_point t;
+    ~OptimizerTime() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); }
+  } optimizer_time{phases_.optimizer, t1};
+  if (host[kBadLabel] > 0)  // every replica saw the sum: all of them stop here together
+    throw ShapeError("softmax_cross_entropy: " + std::to_string(static_cast<int64_t>(host[kBadLabel])) +
+                     " micro-batch(es) of step " + std::to_string(opt_.steps() + 1) +
+                     " hold a label outside [0, " + std::to_string(model_.classes()) +
+                     "): the data has more classes than model.num_classes");
   StepStatus st;
-  st.stop = sums[3] > 0;
-  st.samples = static_cast<int64_t>(sums[2]);
-  st.loss = sums[0] / sums[2];
-  st.accuracy = sums[1] / sums[2];
+  st.stop = host[kStop] > 0;
+  st.samples = static_cast<int64_t>(host[kCount]);
+  st.loss = host[kLoss] / host[kCount];
+  st.accuracy = host[kCorrect] / host[kCount];
   st.lr = lr;
   st.step = opt_.steps() + 1;
-  st.scale = o_.scaler ? o_.scaler->scale() : 1.f;
+  st.scale = scale;
   // Every replica holds the same reduced loss and the same reduced gradients, so every replica
   // reaches the same verdict here and stops, skips or steps together.
-  auto& be = ops::backend_for(rep_.device());
-  const bool finite = be.unscale_check_finite(model_.grads(), 1.0f / st.scale);
+  const bool finite = host[kNonFinite] == 0.f;
   if (o_.scaler) {
     if (!o_.scaler->update(finite && std::isfinite(st.loss), st.step)) {
       st.applied = false;
@@ -123,11 +144,11 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
                         "): the run diverged. Lower optim.lr, add optim.warmup_epochs, clip gradients "
                         "(optim.clip_grad_norm), or check the data.");
   }
-  st.grad_norm = o_.clip_grad_norm > 0 ? optim::clip_grad_norm(model_.grads(), o_.clip_grad_norm)
-                                       : std::sqrt(be.sum_squares(model_.grads()));
+  st.grad_norm = std::sqrt(static_cast<double>(host[kGradSquares]));
+  if (o_.clip_grad_norm > 0) optim::clip_grad_norm(model_.grads(), o_.clip_grad_norm, st.grad_norm);
   {
     Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
-    opt_.step(model_.params(), model_.grads(), lr);
+    opt_.step(model_.params(), model_.grads(), lr);  // queued on the compute stream, no host wait
     model_.refresh_compute_copy();
   }
   check_leaks();

@@ -6,6 +6,11 @@
 //     rs.micro_step(batch[k].images, batch[k].labels, /*last=*/k == accumulation - 1);
 //   StepStatus st = rs.apply(lr);   // waits for the bucket all-reduces, checks, updates
 //
+// One host synchronisation per optimizer step, on every backend: the loss, accuracy and checks
+// stay on the device (a GPU queues everything, the compute stream waits for the collectives on
+// the device) until apply() reads them in one small copy; ops::host_syncs_on_this_thread()
+// counts, and tests/train/test_host_syncs.cpp holds the step to it.
+//
 // Gradients add up across micro-steps with no communication (no_sync); the last micro-step's
 // backward starts the bucket all-reduces as buckets fill. Each micro-step's loss is weighted by
 // 1 / (micro_batch * accumulation), and the all-reduce averages over replicas, so the update
@@ -62,7 +67,9 @@ struct StepOptions {
 // Where one replica's step time went, summed over the run (the run report splits wall time by it).
 struct PhaseSeconds {
   double compute = 0;         // forward, loss and backward (all-reduces overlap the backward)
-  double allreduce_wait = 0;  // waiting for the gradient buckets after backward
+  // Waiting for the gradient buckets after backward and for the step's one read of its scalars
+  // (on a GPU this wait also holds the device's compute that the host queued ahead of it).
+  double allreduce_wait = 0;
   double optimizer = 0;       // metrics reduction, finite check, clipping, the update
 };
 
@@ -97,7 +104,17 @@ class ReplicaStep {
   StepOptions o_;
   std::unique_ptr<parallel::GradientSync> sync_;
   void check_leaks();
-  double loss_sum_ = 0, correct_ = 0, count_ = 0;
+  // The step's scalars (f32, on the replica's device): filled by the micro-steps and apply(), read
+  // by the host once per optimizer step. [0, kReducedStats) is summed across replicas.
+  enum : int64_t {
+    kLoss = 0, kCorrect = 1, kBadLabel = 2,  // softmax_xent_accumulate's three, in its order
+    kCount = 3, kStop = 4,
+    kReducedStats = 5,
+    kNonFinite = 5, kGradSquares = 6,  // of the reduced gradients: the same on every replica
+    kStatCount = 8
+  };
+  Tensor stats_;
+  double count_ = 0;
   int micro_seen_ = 0;
   int64_t steps_seen_ = 0;
   std::array<size_t, kNumTags> baseline_{};

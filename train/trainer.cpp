@@ -109,6 +109,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   go.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000));
   // A replica with several intra-op threads must not be pinned to a single core.
   go.pin_threads = cfg_.parallel.pin_threads && cfg_.parallel.intra_op_threads == 1;
+  go.latency_lane = cfg_.parallel.sync_bn;  // sync-BN's reductions get their own NCCL lane
   // micro_batch: auto is planned before the replica group takes its pools: on a GPU the planner
   // must measure on a device that is not already 75% preallocated.
   std::optional<MemPlan> plan;

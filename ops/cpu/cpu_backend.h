@@ -48,6 +48,8 @@ class CpuBackend : public Backend {
                        const Tensor& dw, const Tensor& db) override;
   LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels,
                                   const Tensor& probs) override;
+  void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                               const Tensor& sums) override;
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
                              const Tensor& dlogits) override;
   void cast(const Tensor& src, const Tensor& dst) override;
@@ -55,12 +57,22 @@ class CpuBackend : public Backend {
   std::vector<double> segment_sum_squares(const Tensor& x,
                                           const std::vector<std::pair<int64_t, int64_t>>& segments) override;
   bool unscale_check_finite(const Tensor& grads, float inv_scale) override;
+  void sum_squares_into(const Tensor& x, const Tensor& out) override;
+  void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) override;
+  void read_to_host(const Tensor& src, void* dst, const std::function<void()>& poll) override;
   void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) override;
   void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u) override;
   void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                     const AdamWUpdate& u) override;
   void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float scaled_lr, float momentum,
                    float wd) override;
+
+ private:
+  // The bodies of the calls above that return host values; the public calls count a host sync
+  // (the CPU has none, but the step is held to the GPU's budget on every backend).
+  static LossResult xent_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs);
+  static double sum_sq(const Tensor& x);
+  static bool unscale_check(const Tensor& grads, float inv_scale);
 };
 
 }  // namespace replica::ops

@@ -385,8 +385,22 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
 
 Backend::LossResult CpuBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels,
                                                      const Tensor& probs) {
+  note_host_sync();
+  return xent_rows(logits, labels, probs);
+}
+
+void CpuBackend::softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                         const Tensor& sums) {
+  if (sums.dtype() != DType::f32 || sums.numel() < 3)
+    throw ShapeError("softmax_xent_accumulate: sums must be f32 with 3 elements, got " + sums.str());
+  const LossResult r = xent_rows(logits, labels, probs);  // throws on a bad label
+  sums.data<float>()[0] += static_cast<float>(r.loss_sum);
+  sums.data<float>()[1] += static_cast<float>(r.correct);
+}
+
+Backend::LossResult CpuBackend::xent_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs) {
   if (LossResult result; run_in_f32({In(logits), Out(probs)}, [&](auto& t) {
-        result = softmax_xent_forward(t[0], labels, t[1]);
+        result = xent_rows(t[0], labels, t[1]);
       }))  // loss in f32
     return result;
   const int64_t N = logits.dim(0), K = logits.dim(1);
@@ -434,6 +448,20 @@ void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
 }
 
 double CpuBackend::sum_squares(const Tensor& x) {
+  note_host_sync();
+  return sum_sq(x);
+}
+
+void CpuBackend::sum_squares_into(const Tensor& x, const Tensor& out) {
+  out.data<float>()[0] = static_cast<float>(sum_sq(x));
+}
+
+void CpuBackend::read_to_host(const Tensor& src, void* dst, const std::function<void()>&) {
+  note_host_sync();
+  std::memcpy(dst, src.raw(), src.nbytes());
+}
+
+double CpuBackend::sum_sq(const Tensor& x) {
   const float* p = x.data<float>();
   double s = 0;
   for (int64_t i = 0, n = x.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
@@ -445,6 +473,15 @@ double CpuBackend::sum_squares(const Tensor& x) {
 namespace replica::ops {
 
 bool CpuBackend::unscale_check_finite(const Tensor& grads, float inv_scale) {
+  note_host_sync();
+  return unscale_check(grads, inv_scale);
+}
+
+void CpuBackend::unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) {
+  if (!unscale_check(grads, inv_scale)) nonfinite.data<float>()[0] = 1.f;
+}
+
+bool CpuBackend::unscale_check(const Tensor& grads, float inv_scale) {
   float* p = grads.data<float>();
   // Branch-free: x - x is 0 for finite x and NaN for inf/NaN, so the sum stays 0 only if all
   // are finite (and the loop vectorises).

@@ -16,6 +16,7 @@ void require_f32(std::initializer_list<const Tensor*> ts, const char* who) {
 std::vector<double> CpuBackend::segment_sum_squares(const Tensor& x,
                                                     const std::vector<std::pair<int64_t, int64_t>>& segments) {
   require_f32({&x}, "segment_sum_squares");
+  note_host_sync();
   const float* p = x.data<float>();
   std::vector<double> out;
   out.reserve(segments.size());

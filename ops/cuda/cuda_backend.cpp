@@ -7,10 +7,13 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "core/cuda/check.h"
@@ -150,6 +153,7 @@ struct ThreadState {
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   void* host = nullptr;  // 4 KiB pinned
+  cudaEvent_t read_done{};  // the step's one read: polled, so communicator checks run while it waits
   cudaStream_t bound = nullptr;  // the stream the handles work on (new handles: the default one)
   ~ThreadState() {
     plans.clear();
@@ -160,6 +164,7 @@ struct ThreadState {
       cudaFree(scratch);
     }
     if (host) cudaFreeHost(host);
+    if (read_done) cudaEventDestroy(read_done);
   }
   // Device scratch of at least `bytes` (grows; stream-ordered reuse is safe on one stream).
   // Stream-ordered allocation (cudaMallocAsync / cudaFreeAsync, CUDA 11.2+): the old buffer is
@@ -185,6 +190,7 @@ ThreadState& state() {
     REPLICA_CUDNN_CHECK(cudnnCreate(&st->cudnn));
     REPLICA_CUBLAS_CHECK(cublasCreate(&st->cublas));
     REPLICA_CUDA_CHECK(cudaMallocHost(&st->host, 4096));
+    REPLICA_CUDA_CHECK(cudaEventCreateWithFlags(&st->read_done, cudaEventDisableTiming));
   }
   // Handles start on the default stream; rebinding happens once per stream change, not per op.
   if (cudaStream_t s = stream(); s != st->bound) {
@@ -195,8 +201,9 @@ ThreadState& state() {
   return *st;
 }
 
-// Copies `bytes` of device results to the host and waits for them.
+// Copies `bytes` of device results to the host and waits for them (a host synchronisation).
 void fetch(ThreadState& ts, const void* dev, void* out, size_t bytes) {
+  note_host_sync();
   REPLICA_CUDA_CHECK(cudaMemcpyAsync(ts.host, dev, bytes, cudaMemcpyDeviceToHost, stream()));
   REPLICA_CUDA_CHECK(cudaStreamSynchronize(stream()));
   std::memcpy(out, ts.host, bytes);
@@ -567,6 +574,23 @@ class CudaBackend final : public Backend {
     return {loss, c[0]};
   }
 
+  void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                               const Tensor& sums) override {
+    const int N = as_int(logits.dim(0), "softmax_cross_entropy"), K = as_int(logits.dim(1), "softmax_cross_entropy");
+    if (labels.numel() != N)
+      throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
+                       std::to_string(labels.numel()) + " labels");
+    if (sums.dtype() != DType::f32 || sums.numel() < 3)
+      throw ShapeError("softmax_xent_accumulate: sums must be f32 with 3 elements, got " + sums.str());
+    auto& ts = state();
+    cudaStream_t s = stream();
+    double* result = static_cast<double*>(ts.get_scratch(sizeof(double) + 2 * sizeof(int)));
+    int* counts = reinterpret_cast<int*>(result + 1);
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double) + 2 * sizeof(int), s));
+    cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, result, counts, s);
+    cuk::xent_fold(result, counts, sums.data<float>(), s);
+  }
+
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale, const Tensor& dlogits) override {
     cuk::softmax_xent_backward(dp(probs), labels.data<int32_t>(), scale, dp(dlogits), as_int(probs.dim(0), "xent"),
                                as_int(probs.dim(1), "xent"), stream());
@@ -608,6 +632,7 @@ class CudaBackend final : public Backend {
     double* res = reinterpret_cast<double*>(d + oc.size());
     REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
     cuk::segment_sum_squares(x.data<float>(), d, d + n, n, res, s);
+    note_host_sync();
     REPLICA_CUDA_CHECK(cudaMemcpyAsync(out.data(), res, out.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
     REPLICA_CUDA_CHECK(cudaStreamSynchronize(s));
     return out;
@@ -622,6 +647,43 @@ class CudaBackend final : public Backend {
     int bad = 0;
     fetch(ts, flag, &bad, sizeof bad);
     return bad == 0;
+  }
+
+  void sum_squares_into(const Tensor& x, const Tensor& out) override {
+    require_f32(x, "sum_squares");
+    require_f32(out, "sum_squares (output)");
+    auto& ts = state();
+    double* acc = static_cast<double*>(ts.get_scratch(sizeof(double)));
+    cuk::sum_squares(x.data<float>(), x.numel(), acc, stream());
+    cuk::doubles_to_floats(acc, out.data<float>(), 1, stream());
+  }
+
+  void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) override {
+    require_f32(grads, "unscale_check_finite");
+    require_f32(nonfinite, "unscale_check_finite (flag)");
+    cuk::unscale_check(grads.data<float>(), grads.numel(), inv_scale, nonfinite.data<float>(), stream());
+  }
+
+  void read_to_host(const Tensor& src, void* dst, const std::function<void()>& poll) override {
+    const size_t bytes = src.nbytes();
+    if (bytes > 4096) throw ShapeError("read_to_host: " + src.str() + " is larger than the 4 KiB staging buffer");
+    auto& ts = state();
+    cudaStream_t s = stream();
+    note_host_sync();
+    REPLICA_CUDA_CHECK(cudaMemcpyAsync(ts.host, src.raw(), bytes, cudaMemcpyDeviceToHost, s));
+    REPLICA_CUDA_CHECK(cudaEventRecord(ts.read_done, s));
+    // Poll rather than block in cudaEventSynchronize: the stream may be waiting on a collective,
+    // and `poll` is what notices that collective failing or hanging.
+    for (int spin = 0;; ++spin) {
+      const cudaError_t q = cudaEventQuery(ts.read_done);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) REPLICA_CUDA_CHECK(q);
+      if (spin > 64) {
+        if (poll) poll();
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+    std::memcpy(dst, ts.host, bytes);
   }
 
   void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) override {
@@ -694,7 +756,9 @@ class CudaBackend final : public Backend {
   static void reduce(double* acc, float* f, int n, const AllReduceFn& allreduce, cudaStream_t s) {
     if (!allreduce) return;
     cuk::doubles_to_floats(acc, f, n, s);
-    allreduce(f, static_cast<size_t>(n));  // NCCL orders itself after this stream's work and is waited for
+    // Replica::psum_on_stream: NCCL on the latency lane, after this stream's work, and this
+    // stream waits for it on the device (no host round trip).
+    allreduce(f, static_cast<size_t>(n));
     cuk::floats_to_doubles(f, acc, n, s);
   }
 };

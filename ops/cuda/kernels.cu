@@ -146,14 +146,15 @@ __global__ void k_segment_sum_squares(const float* x, const int64_t* off, const 
   if (threadIdx.x == 0) out[seg] = acc;
 }
 
-__global__ void k_unscale_check(float* g, int64_t n, float inv, int* nonfinite) {
+template <typename Flag>
+__global__ void k_unscale_check(float* g, int64_t n, float inv, Flag* nonfinite) {
   bool bad = false;
   GRID_STRIDE(i, n) {
     const float v = g[i];
     bad |= !isfinite(v);
     g[i] = v * inv;
   }
-  if (bad) *nonfinite = 1;
+  if (bad) *nonfinite = Flag(1);
 }
 
 // ---- optimizers -------------------------------------------------------------------------------
@@ -303,6 +304,12 @@ __global__ void k_f2d(const float* f, double* a, int n) {
   GRID_STRIDE(i, n) a[i] = f[i];
 }
 __global__ void k_set_double(double* a, double v) { *a = v; }
+// Folds one loss kernel's results into the step's f32 sums (the step reads them once).
+__global__ void k_xent_fold(const double* result, const int* counts, float* sums) {
+  sums[0] += static_cast<float>(*result);
+  sums[1] += static_cast<float>(counts[0]);
+  if (counts[1]) sums[2] += 1.f;
+}
 
 __global__ void k_bn_finalize(const double* acc, int C, DPtr gamma, DPtr beta, float eps, float momentum, float* sm,
                               float* si, float* rm, float* rv, float* a, float* b) {
@@ -594,6 +601,11 @@ void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStr
   k_unscale_check<<<reduce_grid(n), kThreads, 0, s>>>(g, n, inv_scale, nonfinite);
   check_launch("k_unscale_check");
 }
+void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaStream_t s) {
+  if (n <= 0) return;
+  k_unscale_check<<<reduce_grid(n), kThreads, 0, s>>>(g, n, inv_scale, nonfinite);
+  check_launch("k_unscale_check");
+}
 
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd, float dwd,
                 bool nesterov, bool first, cudaStream_t s) {
@@ -678,6 +690,10 @@ void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N,
   if (N <= 0) return;
   k_xent<<<N, kThreads, 0, s>>>(logits, labels, probs, K, result, counts);
   check_launch("k_xent");
+}
+void xent_fold(const double* result, const int* counts, float* sums, cudaStream_t s) {
+  k_xent_fold<<<1, 1, 0, s>>>(result, counts, sums);
+  check_launch("k_xent_fold");
 }
 void softmax_xent_backward(DPtr probs, const int32_t* labels, float scale, DPtr dlogits, int N, int K, cudaStream_t s) {
   LAUNCH(k_xent_bwd, static_cast<int64_t>(N) * K, s, probs, labels, scale, dlogits, N, K);

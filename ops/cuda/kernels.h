@@ -40,6 +40,7 @@ void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* 
                          double* out, cudaStream_t s);
 // g *= inv_scale; *nonfinite set to 1 if any element was inf or NaN (caller zeroes it).
 void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s);
+void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaStream_t s);  // sets 1.f
 
 // Optimizers (f32 flat buffers); formulas as in ops/cpu/optim_kernels.cpp.
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd,
@@ -93,6 +94,8 @@ void bias_grad(DPtr dy, float* db, int N, int O, cudaStream_t s);
 // The caller zeroes result and counts.
 void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K,
                           double* result, int* counts, cudaStream_t s);
+// sums[0] += result[0], sums[1] += counts[0], sums[2] += 1 if counts[1] (one thread, on-stream).
+void xent_fold(const double* result, const int* counts, float* sums, cudaStream_t s);
 void softmax_xent_backward(DPtr probs, const int32_t* labels, float scale, DPtr dlogits, int N,
                            int K, cudaStream_t s);
 

@@ -3,16 +3,20 @@
 
 namespace replica::nn {
 
-ops::Backend::LossResult forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels,
-                                          float weight, Tensor& dlogits) {
+void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels, float weight,
+                      Tensor& dlogits, const Tensor& sums) {
   auto& be = ctx.backend();
   Tensor logits = model.forward(ctx, images);
   Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);  // softmax in f32
-  auto r = be.softmax_xent_forward(logits, labels, probs);
+  Tensor scratch;
+  if (!sums.defined()) {
+    scratch = ctx.alloc({3}, MemTag::activations, DType::f32);
+    be.fill(scratch, 0.f);
+  }
+  be.softmax_xent_accumulate(logits, labels, probs, sums.defined() ? sums : scratch);
   logits = Tensor();
   dlogits = ctx.alloc(probs.shape());
   be.softmax_xent_backward(probs, labels, weight, dlogits);
-  return r;
 }
 
 }  // namespace replica::nn

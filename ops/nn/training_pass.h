@@ -2,7 +2,9 @@
 // and the benchmarks: forward, softmax cross-entropy in f32, and the gradient of weight x the
 // summed loss into `dlogits`. The caller then runs model.backward(ctx, dlogits) (the step times
 // the two halves separately). Logits and probabilities are released before it returns, so
-// backward starts with only what it needs.
+// backward starts with only what it needs. The loss stays on the device: `sums` (f32 [3], see
+// Backend::softmax_xent_accumulate) gets this pass's loss sum, correct count and bad-label flag
+// added, for the step's one read; without it they go to a scratch tensor and are dropped.
 #pragma once
 #include "ops/backend.h"
 #include "ops/nn/context.h"
@@ -10,7 +12,7 @@
 
 namespace replica::nn {
 
-ops::Backend::LossResult forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels,
-                                          float weight, Tensor& dlogits);
+void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels, float weight,
+                      Tensor& dlogits, const Tensor& sums = Tensor());
 
 }  // namespace replica::nn

@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -93,50 +94,67 @@ struct NcclClique {
 
 class NcclWork : public Work {
  public:
-  NcclWork(ncclComm_t comm, cudaEvent_t ev, std::shared_ptr<CommClique> clique, int rank,
+  NcclWork(ncclComm_t comm, cudaEvent_t ev, int device, std::shared_ptr<CommClique> clique, int rank,
            std::chrono::milliseconds timeout, const char* what)
-      : comm_(comm), ev_(ev), clique_(std::move(clique)), rank_(rank), timeout_(timeout), what_(what) {}
+      : comm_(comm), ev_(ev), device_(device), clique_(std::move(clique)), rank_(rank), timeout_(timeout),
+        what_(what), t0_(std::chrono::steady_clock::now()) {}
   // The event belongs to the communicator's ring of events (not destroyed here).
   bool done() override { return cudaEventQuery(ev_) == cudaSuccess; }
   void wait() override {
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::string what = std::string("NCCL ") + what_;
     for (int spin = 0;; ++spin) {
-      cudaError_t q = cudaEventQuery(ev_);
-      if (q == cudaSuccess) return;
-      // Another replica failed and aborted the clique: fail now, not at the time-out.
-      clique_->check(rank_, what);
-      if (q != cudaErrorNotReady) {
-        const std::string why = what + " on rank " + std::to_string(rank_) + ": " + cudaGetErrorString(q);
-        clique_->abort(why);
-        throw CudaError(why);
-      }
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess) {
-        const std::string why = what + " failed on rank " + std::to_string(rank_) + ": " + ncclGetErrorString(async);
-        clique_->abort(why);
-        throw CommError(why + " (communicators aborted)");
-      }
-      if (std::chrono::steady_clock::now() - t0 > timeout_) {
-        char secs[32];
-        std::snprintf(secs, sizeof secs, "%.1f", timeout_.count() / 1000.0);
-        const std::string why = what + " on rank " + std::to_string(rank_) + " timed out after " + secs + " s";
-        clique_->abort(why);
-        throw CommError(why + " (communicators aborted)");
-      }
+      if (poll()) return;
       // Spin briefly (collectives of a step finish in microseconds to milliseconds), then yield.
       if (spin > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
+  // The stream waits on the device: no host round trip (the step's one host wait polls check()).
+  void order_before(Stream& s) override {
+    clique_->check(rank_, std::string("NCCL ") + what_);
+    if (!s.native()) return wait();
+    cuda::DeviceGuard g(device_);
+    REPLICA_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s.native()), ev_, 0));
+  }
+  void check() override { poll(); }
 
  private:
+  // True when the collective has completed; throws (after aborting the clique) on an error, an
+  // abort by another replica, or the time-out counted from the collective's launch.
+  bool poll() {
+    cudaError_t q = cudaEventQuery(ev_);
+    if (q == cudaSuccess) return true;
+    const std::string what = std::string("NCCL ") + what_;
+    // Another replica failed and aborted the clique: fail now, not at the time-out.
+    clique_->check(rank_, what);
+    if (q != cudaErrorNotReady) {
+      const std::string why = what + " on rank " + std::to_string(rank_) + ": " + cudaGetErrorString(q);
+      clique_->abort(why);
+      throw CudaError(why);
+    }
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    if (async != ncclSuccess) {
+      const std::string why = what + " failed on rank " + std::to_string(rank_) + ": " + ncclGetErrorString(async);
+      clique_->abort(why);
+      throw CommError(why + " (communicators aborted)");
+    }
+    if (std::chrono::steady_clock::now() - t0_ > timeout_) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", timeout_.count() / 1000.0);
+      const std::string why = what + " on rank " + std::to_string(rank_) + " timed out after " + secs + " s";
+      clique_->abort(why);
+      throw CommError(why + " (communicators aborted)");
+    }
+    return false;
+  }
+
   ncclComm_t comm_;
   cudaEvent_t ev_;
+  int device_;
   std::shared_ptr<CommClique> clique_;
   int rank_;
   std::chrono::milliseconds timeout_;
   const char* what_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 class NcclCommunicator : public Communicator {
@@ -146,7 +164,13 @@ class NcclCommunicator : public Communicator {
       : clique_(std::move(clique)), comm_(clique_->comms[member]), device_(clique_->devices[member]), rank_(rank),
         world_(world), compute_(compute), o_(o) {
     cuda::DeviceGuard g(device_);
-    REPLICA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (o.high_priority) {  // the latency lane: its small collectives go ahead of queued kernels
+      int least = 0, greatest = 0;
+      REPLICA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      REPLICA_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    } else {
+      REPLICA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    }
     REPLICA_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
     // Preallocated events: one to order the comm stream after compute, a ring for completions
     // (a collective's Work is waited on long before kEvents later ones are issued).
@@ -216,7 +240,7 @@ class NcclCommunicator : public Communicator {
   WorkHandle end(const char* what) {
     cudaEvent_t e = done_[next_++ % kEvents];
     REPLICA_CUDA_CHECK(cudaEventRecord(e, stream_));
-    return std::make_shared<NcclWork>(comm_, e, clique_->state, rank_, o_.timeout, what);
+    return std::make_shared<NcclWork>(comm_, e, device_, clique_->state, rank_, o_.timeout, what);
   }
 
   static constexpr int kEvents = 64;
@@ -233,10 +257,20 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
+bool nccl_orders_communicators() {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess && v >= 22600;
+}
+
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<Device>& devices,
                                                                    const std::vector<Stream*>& streams,
                                                                    NcclOptions o) {
   const int local = static_cast<int>(devices.size());
+  // Two communicators per GPU (the gradient one and the latency lane) are deadlock-free only when
+  // every device launches their kernels in one order: NCCL 2.26+ takes it from the host's issue
+  // order (each replica thread issues its collectives in program order, the same on every rank).
+  // Set before the first communicator exists; a value the user set is kept.
+  if (nccl_orders_communicators()) setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
   std::vector<ncclComm_t> comms(local);
   int proc = 0, procs = 1;
   if (launched_by_mpi()) {

@@ -22,7 +22,14 @@ std::string nccl_version();
 
 struct NcclOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // The communication stream gets the device's greatest priority (the latency lane of sync-BN).
+  bool high_priority = false;
 };
+
+// True when this NCCL orders the kernels of several communicators on a device by the host's
+// issue order (NCCL_LAUNCH_ORDER_IMPLICIT, 2.26 and later), which a second communicator per GPU
+// (the latency lane) needs to be deadlock-free.
+bool nccl_orders_communicators();
 
 // One communicator per local GPU replica; compute_streams[i] (may be null) orders collectives
 // after replica i's compute work.
