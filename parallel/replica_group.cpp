@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -13,6 +14,7 @@
 #include "parallel/gradient_sync.h"
 #include "parallel/host/host_communicator.h"
 #include "parallel/solo_communicator.h"
+#include "parallel/staged_communicator.h"
 #include "parallel/mpi/mpi_communicator.h"
 #include "parallel/nccl/nccl_communicator.h"
 
@@ -50,6 +52,15 @@ std::vector<float> Replica::all_gather(const float* data, size_t n) {
   return out;
 }
 
+namespace {
+bool shares_a_gpu(const std::vector<Device>& devices) {
+  for (size_t i = 0; i < devices.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (devices[i].kind == DeviceKind::cuda && devices[i] == devices[j]) return true;
+  return false;
+}
+}  // namespace
+
 ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts) : pin_(opts.pin_threads) {
   if (devices.empty()) throw ConfigError("parallel.devices: no devices given");
   int cuda_count = 0;
@@ -67,6 +78,17 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
   if (cuda_count == 1 && !launched_by_mpi() && opts.solo_single_gpu) {
     // One GPU, one process: nothing to communicate, so no NCCL (nor its start-up) is needed.
     comms.push_back(make_solo_communicator());
+  } else if (cuda_count && shares_a_gpu(devices)) {
+    // NCCL refuses a GPU twice in one communicator: several replicas on one GPU (testing the
+    // multi-replica GPU path on one device) reduce through the host instead.
+    if (launched_by_mpi())
+      throw ConfigError("parallel.devices: several replicas on one GPU work within one process only, not under MPI");
+    log_info("parallel.devices: ", devices.size(), " replicas share GPUs: collectives are staged through host memory "
+             "(for testing; NCCL takes one replica per GPU)");
+    HostCommOptions co;
+    co.timeout = opts.comm_timeout;
+    for (auto& c : make_host_communicators(static_cast<int>(devices.size()), co))
+      comms.push_back(make_staged_communicator(std::move(c)));
   } else if (cuda_count) {
     NcclOptions no;
     no.timeout = opts.comm_timeout;
@@ -105,7 +127,13 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     rep->local_ = static_cast<int>(r);
     rep->rank_ = comms[r]->rank();
     rep->device_ = devices[r];
-    rep->pool_ = make_pool(devices[r], devices[r].kind == DeviceKind::cpu ? opts.cpu_pool : opts.cuda_pool);
+    PoolOptions po = devices[r].kind == DeviceKind::cpu ? opts.cpu_pool : opts.cuda_pool;
+    if (devices[r].kind == DeviceKind::cuda) {  // replicas sharing a GPU share its fraction
+      const auto sharing = std::count(devices.begin(), devices.end(), devices[r]);
+      po.fraction /= static_cast<double>(sharing);
+      po.bytes /= static_cast<size_t>(sharing);
+    }
+    rep->pool_ = make_pool(devices[r], po);
     rep->stream_ = std::move(streams[r]);
     if (devices[r].kind == DeviceKind::cuda) rep->copy_stream_ = make_stream(devices[r]);
     rep->comm_ = std::move(comms[r]);

@@ -20,6 +20,7 @@
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
 #include "support/compare.h"
+#include "support/host_sync_probe.h"
 #include "train/trainer.h"
 
 using namespace replica;
@@ -439,7 +440,8 @@ INSTANTIATE_TEST_SUITE_P(F32, CudaConformanceF32, ::testing::Values(DType::f32),
 struct TrainingRun {
   std::vector<float> losses, params;
 };
-TrainingRun train_run(const std::string& devices, const std::string& precision) {
+TrainingRun train_run(const std::string& devices, const std::string& precision,
+                      const std::vector<std::string>& extra = {}) {
   std::vector<std::string> sets = {"model.arch=resnet20",
                                    "data.dataset=synthetic",
                                    "data.synthetic_shape=[16,16,3]",
@@ -458,6 +460,7 @@ TrainingRun train_run(const std::string& devices, const std::string& precision) 
   // A static loss scale in fp16: the GPU computes filter gradients in 16 bits (as PyTorch AMP
   // does) and would skip the first steps at 65536 where the CPU, accumulating in f32, does not.
   if (precision == "fp16") sets.push_back("train.loss_scale=128");
+  sets.insert(sets.end(), extra.begin(), extra.end());
   auto cfg = train::parse_config("", "test", sets);
   TrainingRun run;
   train::Trainer t(cfg, {.print = false, .on_step = [&](const train::StepStatus& s) {
@@ -494,6 +497,87 @@ TEST(CudaTraining, TwentyStepsOfResNet20TrackTheCpuRun) {
                 precision, g.front(), g.back(), c.front(), c.back(), worst, dp);
     EXPECT_LT(g.back(), g.front()) << "the GPU run learns";
   }
+}
+
+
+// The multi-replica GPU path on one GPU: two replicas on cuda:0 (collectives staged through the
+// host, parallel/staged_communicator.h) with sync-BN and a 16-bit gradient wire track two CPU
+// replicas with the same settings. bf16 rides along: its training steps with both features.
+TEST(CudaTraining, TwoReplicasOnOneGpuWithSyncBnAndAnFp16WireTrackTwoCpuReplicas) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  for (const char* precision : {"fp32", "bf16"}) {
+    const std::vector<std::string> extra = {"parallel.sync_bn=true", "parallel.grad_dtype=fp16"};
+    const TrainingRun cr = train_run("cpu:2", precision, extra), gr = train_run("cuda:0,0", precision, extra);
+    ASSERT_EQ(cr.losses.size(), 20u);
+    ASSERT_EQ(gr.losses.size(), 20u);
+    ASSERT_TRUE(replica::testing::all_finite(gr.losses)) << precision;
+    double worst = 0;
+    for (size_t i = 0; i < cr.losses.size(); ++i)
+      worst = std::max(worst, replica::testing::rel_diff(&gr.losses[i], &cr.losses[i], 1));
+    const bool f32 = std::string(precision) == "fp32";
+    EXPECT_LT(worst, f32 ? 3e-3 : 3e-2) << precision << ": sync-BN + fp16 wire, 2 replicas on one GPU";
+    std::printf("  2 replicas on cuda:0, sync-BN, fp16 wire, %s: loss %.4f -> %.4f (CPU %.4f -> %.4f), worst gap %.2e\n",
+                precision, gr.losses.front(), gr.losses.back(), cr.losses.front(), cr.losses.back(), worst);
+    EXPECT_LT(gr.losses.back(), gr.losses.front()) << precision;
+  }
+}
+
+// One host synchronisation per optimizer step on the GPU too (the CPU twin is test_host_syncs).
+TEST(CudaTraining, OneHostSyncPerOptimizerStep) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  struct Case {
+    replica::testing::SyncProbe probe;
+    const char* what;
+  };
+  const Case cases[] = {
+      {{.devices = "cuda:0", .accumulation = 2}, "1 GPU, accumulation 2"},
+      {{.devices = "cuda:0", .activations = DType::f16, .clip_grad_norm = 0.5}, "1 GPU, fp16 scaler, clipping"},
+      {{.devices = "cuda:0,0", .activations = DType::bf16, .sync_bn = true, .adamw = true, .grad_wire = DType::f16},
+       "2 replicas on one GPU, bf16, sync-BN, AdamW, fp16 wire"},
+  };
+  for (const auto& c : cases) {
+    const auto syncs = replica::testing::host_syncs_per_step(c.probe);
+    for (size_t i = 0; i < syncs.size(); ++i) EXPECT_EQ(syncs[i], 1) << c.what << ": replica-step " << i;
+  }
+}
+
+// Max pooling over more than 2^31 input elements: the kernels' 64-bit index path (kernels.cu
+// switches at 2^30). The input is constant except its last image, which is random; that image's
+// output, argmax and input gradient must equal the CPU's on that image alone.
+TEST(CudaTraining, MaxPoolPastTwoToThe31Elements) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  const int64_t N = 129, H = 128, W = 128, C = 1024;  // 2.16e9 elements, 4.3 GB in f16
+  Side gpu(Device{DeviceKind::cuda, 0}), cpu(Device{DeviceKind::cpu, 0});
+  const Shape sh{N, H, W, C}, one{1, H, W, C};
+  ASSERT_GT(sh.numel(), int64_t(1) << 31);
+  const auto g = ops::PoolGeom::make(sh, 3, 2, 1, "test"), g1 = ops::PoolGeom::make(one, 3, 2, 1, "test");
+  const int64_t img = H * W * C, out_img = g.P * g.Q * C;
+  const auto xv = randv(img, 51), dyv = randv(out_img, 52);
+  Tensor x = gpu.empty(sh, DType::f16), y = gpu.empty({N, g.P, g.Q, C}, DType::f16);
+  Tensor am = gpu.empty({N, g.P, g.Q, C}, DType::i32), dy = gpu.empty({N, g.P, g.Q, C}, DType::f16);
+  Tensor dx = gpu.empty(sh, DType::f16);
+  gpu.be->fill(x, -1.f);
+  gpu.be->fill(dy, 0.f);
+  Tensor last = gpu.put(xv, one, DType::f16), dlast = gpu.put(dyv, {1, g.P, g.Q, C}, DType::f16);
+  copy_tensor(last, x.view((N - 1) * img, one));
+  copy_tensor(dlast, dy.view((N - 1) * out_img, {1, g.P, g.Q, C}));
+  gpu.be->maxpool_forward(x, y, am, g);
+  gpu.be->maxpool_backward(dy, am, dx, g);
+  Tensor cx = cpu.put(xv, one, DType::f16), cy = cpu.empty({1, g.P, g.Q, C}, DType::f16);
+  Tensor cam = cpu.empty({1, g.P, g.Q, C}, DType::i32), cdy = cpu.put(dyv, {1, g.P, g.Q, C}, DType::f16);
+  Tensor cdx = cpu.empty(one, DType::f16);
+  cpu.be->maxpool_forward(cx, cy, cam, g1);
+  cpu.be->maxpool_backward(cdy, cam, cdx, g1);
+  // Counts, not the vectors: a failure must not print 16 million numbers.
+  auto mismatches = [](const auto& a, const auto& b) {
+    size_t bad = a.size() == b.size() ? 0 : std::max(a.size(), b.size());
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) bad += !(a[i] == b[i]);
+    return bad;
+  };
+  EXPECT_EQ(mismatches(host_floats(y.view((N - 1) * out_img, {out_img})), host_floats(cy)), 0u) << "last image's output";
+  EXPECT_EQ(mismatches(host_i32(am.view((N - 1) * out_img, {out_img})), host_i32(cam)), 0u) << "its argmax";
+  EXPECT_EQ(mismatches(host_floats(dx.view((N - 1) * img, {img})), host_floats(cdx)), 0u) << "its input gradient";
+  EXPECT_EQ(host_floats(y.view(0, {16})), std::vector<float>(16, -1.f)) << "the constant images";
 }
 
 }  // namespace
