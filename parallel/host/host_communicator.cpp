@@ -50,11 +50,10 @@ struct Slot {
 class HostCommState {
  public:
   HostCommState(int world, HostCommOptions o)
-      : world_(world), opts_(o), slots_(world), scratch_(world), arrived_gen_(world, 0) {}
+      : world_(world), opts_(o), slots_(world), arrived_gen_(world, 0) {}
 
   int world() const { return world_; }
   Slot& slot(int r) { return slots_[r]; }
-  std::vector<float>& scratch(int r) { return scratch_[r]; }
 
   // All ranks meet; throws CommError on abort or time-out (and then aborts everyone). Waiters
   // spin for a few microseconds first: replicas in lock-step arrive close together, and a
@@ -112,7 +111,6 @@ class HostCommState {
   int world_;
   HostCommOptions opts_;
   std::vector<Slot> slots_;
-  std::vector<std::vector<float>> scratch_;
   std::mutex m_;
   std::condition_variable cv_;
   int arrived_ = 0;
@@ -201,8 +199,14 @@ class HostCommunicator : public Communicator {
         else
           for (size_t i = 0; i < n; ++i) out[i] += sr[i];
       }
-      if (op == ReduceOp::avg)
-        for (size_t i = 0; i < n; ++i) out[i] /= static_cast<float>(R);
+      if (op == ReduceOp::avg) {
+        if ((R & (R - 1)) == 0) {  // 1/R is exact: the same bits as the division, and vectorised
+          const float inv = 1.f / static_cast<float>(R);
+          for (size_t i = 0; i < n; ++i) out[i] *= inv;
+        } else {
+          for (size_t i = 0; i < n; ++i) out[i] /= static_cast<float>(R);
+        }
+      }
     } else {
       // 16 bits on the wire are 16-bit arithmetic, as NCCL's ring does it: avg multiplies each
       // contribution by 1/R first (NCCL's ncclAvg), and the running sum is rounded to the wire
@@ -236,18 +240,28 @@ class HostCommunicator : public Communicator {
       case Kind::all_reduce: {
         if ((s.dtype == DType::i32 || s.dtype == DType::u8))
           throw CommError("all_reduce: " + std::string(dtype_name(s.dtype)) + " is not reducible; use f32, f16 or bf16");
-        const size_t chunk = (s.count + R - 1) / R;
+        // Rank r owns slice r of the message: it reads that slice of every rank's input, reduces
+        // it a block at a time (the block stays in L1), and writes the result into that slice of
+        // every rank's output. Slice r of any buffer is touched by rank r alone, so an in-place
+        // all-reduce is safe, and each rank moves about the bytes of one memcpy of the message
+        // (the first version reduced into a scratch slice and then had every rank copy every
+        // slice: three times the traffic, bench/RESULTS.md). Slices are whole cache lines, so
+        // no two ranks write one line.
+        constexpr size_t kLine = 64;
+        const size_t per_line = kLine / esz;
+        const size_t chunk = ((s.count + R - 1) / R + per_line - 1) / per_line * per_line;
         const size_t lo = std::min(s.count, rank_ * chunk), hi = std::min(s.count, lo + chunk);
-        auto& mine = state_->scratch(rank_);
-        mine.resize(std::max<size_t>(hi - lo, 1));
-        reduce_range(s.op, s.dtype, lo, hi, srcs, mine.data());
-        state_->barrier(rank_, what);  // every slice reduced; nobody reads the inputs any more
-        for (int r = 0; r < R; ++r) {
-          const size_t rlo = std::min(s.count, r * chunk), rhi = std::min(s.count, rlo + chunk);
-          if (rhi > rlo)
-            convert(state_->scratch(r).data(), DType::f32, static_cast<char*>(s.recv) + rlo * esz, s.dtype, rhi - rlo);
+        std::vector<void*> outs(R);
+        for (int r = 0; r < R; ++r) outs[r] = state_->slot(r).recv;
+        constexpr size_t kBlock = 2048;  // 8 KiB of f32 partial sums
+        float acc[kBlock];
+        for (size_t b = lo; b < hi; b += kBlock) {
+          const size_t e = std::min(hi, b + kBlock);
+          reduce_range(s.op, s.dtype, b, e, srcs, acc);
+          for (int r = 0; r < R; ++r) convert(acc, DType::f32, static_cast<char*>(outs[r]) + b * esz, s.dtype, e - b);
         }
-        return;  // the next collective's first barrier keeps the scratch alive until all copied
+        state_->barrier(rank_, what);  // every slice is in every output before anyone returns
+        return;
       }
       case Kind::broadcast:
         if (rank_ != s.root) std::memcpy(s.recv, srcs[s.root], s.count * esz);
