@@ -34,7 +34,7 @@ for round in $(seq 1 "$rounds"); do
   r2=$("$build/apps/replica" bench train --replicas 2 --steps "$steps" --warmup 5 | awk '$1 == 2 {print $3}')
   t2=$(T=2 STEPS="$steps" "$py" bench/anchors/torch_resnet.py | num "img/s=")
   ddp=$(cd bench/anchors && "$py" torch_ddp.py | num "img/s=")
-  jx=$(DEVICES=2 STEPS="$steps" "$py" bench/anchors/jax_pmap_resnet.py | num "img/s=")
+  jx=$(DEVICES=2 STEPS="$steps" "$py" bench/anchors/jax_pmap_resnet.py | num "img/s ")
   row "$round" "$r2" "ResNet-20, 2 CPU replicas vs PyTorch 2 threads" "$t2"
   row "$round" "$r2" "ResNet-20, 2 CPU replicas vs PyTorch DDP (gloo, 2 x 1 thread)" "$ddp"
   row "$round" "$r2" "ResNet-20, 2 CPU replicas vs JAX pmap (2 host devices)" "$jx"
