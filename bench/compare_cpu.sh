@@ -18,7 +18,12 @@ r50_steps="${R50_STEPS:-3}"
 num() { grep -o "$1[0-9.]*" | head -1 | sed "s|$1||"; }
 ratio() { echo "scale=2; $1 / $2" | bc; }
 rows=()
-row() { rows+=("| $1 | $2 | $3 | $4 | $(ratio "$2" "$4")x |"); }
+# Each row is printed as it is measured (a run stopped early keeps what it had) and again in the
+# table at the end.
+row() {
+  rows+=("| $1 | $2 | $3 | $4 | $(ratio "$2" "$4")x |")
+  echo "${rows[-1]}"
+}
 
 for round in $(seq 1 "$rounds"); do
   echo "# round $round"
