@@ -35,6 +35,13 @@ class Work {
 };
 using WorkHandle = std::shared_ptr<Work>;
 
+// A collective that finished before its call returned (solo and host-staged communicators).
+class DoneWork : public Work {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -59,6 +59,43 @@ bool shares_a_gpu(const std::vector<Device>& devices) {
       if (devices[i].kind == DeviceKind::cuda && devices[i] == devices[j]) return true;
   return false;
 }
+
+// NCCL refuses a GPU twice in one communicator: several replicas on one GPU (testing the
+// multi-replica GPU path on one device) reduce through the host instead.
+std::vector<std::unique_ptr<Communicator>> staged_gpu_communicators(int n, const GroupOptions& opts) {
+  if (launched_by_mpi())
+    throw ConfigError("parallel.devices: several replicas on one GPU work within one process only, not under MPI");
+  log_info("parallel.devices: ", n, " replicas share GPUs: collectives are staged through host memory "
+           "(for testing; NCCL takes one replica per GPU)");
+  HostCommOptions co;
+  co.timeout = opts.comm_timeout;
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (auto& c : make_host_communicators(n, co)) out.push_back(make_staged_communicator(std::move(c)));
+  return out;
+}
+
+// The second NCCL communicator per GPU for sync-BN, when this NCCL can order two (else none).
+std::vector<std::unique_ptr<Communicator>> latency_lanes(const std::vector<Device>& devices,
+                                                         const std::vector<Stream*>& streams, NcclOptions no) {
+  if (!nccl_orders_communicators()) {
+    log_warn(nccl_version(), " cannot order two communicators per GPU (NCCL_LAUNCH_ORDER_IMPLICIT needs 2.26+): "
+             "sync-BN shares the gradient communicator and waits behind its buckets");
+    return {};
+  }
+  no.high_priority = true;
+  return make_nccl_communicators(devices, streams, no);
+}
+
+// Replica r's pool settings; replicas sharing a GPU share its fraction (or bytes).
+PoolOptions pool_options_for(const std::vector<Device>& devices, size_t r, const GroupOptions& opts) {
+  PoolOptions po = devices[r].kind == DeviceKind::cpu ? opts.cpu_pool : opts.cuda_pool;
+  if (devices[r].kind == DeviceKind::cuda) {
+    const auto sharing = std::count(devices.begin(), devices.end(), devices[r]);
+    po.fraction /= static_cast<double>(sharing);
+    po.bytes /= static_cast<size_t>(sharing);
+  }
+  return po;
+}
 }  // namespace
 
 ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts) : pin_(opts.pin_threads) {
@@ -75,51 +112,32 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     stream_ptrs.push_back(streams.back().get());
   }
   std::vector<std::unique_ptr<Communicator>> comms, lanes;
+  const int n = static_cast<int>(devices.size());
   if (cuda_count == 1 && !launched_by_mpi() && opts.solo_single_gpu) {
     // One GPU, one process: nothing to communicate, so no NCCL (nor its start-up) is needed.
     comms.push_back(make_solo_communicator());
   } else if (cuda_count && shares_a_gpu(devices)) {
-    // NCCL refuses a GPU twice in one communicator: several replicas on one GPU (testing the
-    // multi-replica GPU path on one device) reduce through the host instead.
-    if (launched_by_mpi())
-      throw ConfigError("parallel.devices: several replicas on one GPU work within one process only, not under MPI");
-    log_info("parallel.devices: ", devices.size(), " replicas share GPUs: collectives are staged through host memory "
-             "(for testing; NCCL takes one replica per GPU)");
-    HostCommOptions co;
-    co.timeout = opts.comm_timeout;
-    for (auto& c : make_host_communicators(static_cast<int>(devices.size()), co))
-      comms.push_back(make_staged_communicator(std::move(c)));
+    comms = staged_gpu_communicators(n, opts);
   } else if (cuda_count) {
     NcclOptions no;
     no.timeout = opts.comm_timeout;
     comms = make_nccl_communicators(devices, stream_ptrs, no);
-    if (opts.latency_lane && cuda_count > 1) {
-      if (nccl_orders_communicators()) {
-        no.high_priority = true;
-        lanes = make_nccl_communicators(devices, stream_ptrs, no);
-      } else {
-        log_warn(nccl_version(), " cannot order two communicators per GPU (NCCL_LAUNCH_ORDER_IMPLICIT needs 2.26+): "
-                 "sync-BN shares the gradient communicator and waits behind its buckets");
-      }
-    }
-    if (launched_by_mpi()) {
-      auto p = mpi_process();
-      process_rank_ = p.rank;
-      processes_ = p.size;
-    }
+    if (opts.latency_lane && cuda_count > 1) lanes = latency_lanes(devices, stream_ptrs, no);
   } else if (launched_by_mpi()) {
     MpiCommOptions mo;
     mo.timeout = opts.comm_timeout;
-    comms = make_mpi_communicators(static_cast<int>(devices.size()), mo);
+    comms = make_mpi_communicators(n, mo);
+  } else {
+    HostCommOptions co;
+    co.timeout = opts.comm_timeout;
+    comms = make_host_communicators(n, co);
+  }
+  if (launched_by_mpi()) {
     auto p = mpi_process();
     process_rank_ = p.rank;
     processes_ = p.size;
     // Processes sharing a node take disjoint cores: the launcher says which one this is.
     node_slot_ = launcher_local_rank();
-  } else {
-    HostCommOptions co;
-    co.timeout = opts.comm_timeout;
-    comms = make_host_communicators(static_cast<int>(devices.size()), co);
   }
   pin_ = pin_ && static_cast<int>(devices.size()) <= host_core_count();
   for (size_t r = 0; r < devices.size(); ++r) {
@@ -127,13 +145,7 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     rep->local_ = static_cast<int>(r);
     rep->rank_ = comms[r]->rank();
     rep->device_ = devices[r];
-    PoolOptions po = devices[r].kind == DeviceKind::cpu ? opts.cpu_pool : opts.cuda_pool;
-    if (devices[r].kind == DeviceKind::cuda) {  // replicas sharing a GPU share its fraction
-      const auto sharing = std::count(devices.begin(), devices.end(), devices[r]);
-      po.fraction /= static_cast<double>(sharing);
-      po.bytes /= static_cast<size_t>(sharing);
-    }
-    rep->pool_ = make_pool(devices[r], po);
+    rep->pool_ = make_pool(devices[r], pool_options_for(devices, r, opts));
     rep->stream_ = std::move(streams[r]);
     if (devices[r].kind == DeviceKind::cuda) rep->copy_stream_ = make_stream(devices[r]);
     rep->comm_ = std::move(comms[r]);

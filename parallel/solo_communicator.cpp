@@ -9,12 +9,6 @@
 namespace replica::parallel {
 namespace {
 
-class DoneWork : public Work {
- public:
-  void wait() override {}
-  bool done() override { return true; }
-};
-
 class SoloCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }

@@ -9,12 +9,6 @@
 namespace replica::parallel {
 namespace {
 
-class DoneWork : public Work {
- public:
-  void wait() override {}
-  bool done() override { return true; }
-};
-
 class StagedCommunicator : public Communicator {
  public:
   StagedCommunicator(std::unique_ptr<Communicator> host, StagingCopy copy)

@@ -71,41 +71,11 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   if (micro_seen_ != o_.accumulation)
     throw Error("ReplicaStep::apply after " + std::to_string(micro_seen_) + " micro-steps; expected " +
                 std::to_string(o_.accumulation));
-  auto& be = ops::backend_for(rep_.device());
-  const auto t0 = std::chrono::steady_clock::now();
-  {
-    // On a GPU the compute stream waits for the buckets on the device (no host wait; a trace
-    // waits on the host instead, to time each bucket).
-    Timeline::Scope wait(o_.timeline, 2 * rep_.rank(), "wait for gradient all-reduce", "comm");
-    sync_->finish(o_.timeline ? nullptr : &rep_.stream());
-  }
-  if (o_.timeline && rep_.world() > 1) {
-    int i = 0;
-    for (const auto& b : sync_->buckets())
-      if (b.work)
-        o_.timeline->slice(2 * rep_.rank() + 1, "all-reduce bucket " + std::to_string(i++) + " (" +
-                                                    format_bytes(static_cast<size_t>(b.elements) * 4) + ")",
-                           o_.timeline->from_steady(b.launched_ns), o_.timeline->from_steady(b.done_ns), "comm");
-  }
-  // The step's scalars stay on the device until one read: the loss, accuracy, bad-label flag,
-  // sample count and stop vote summed across replicas in one small collective (a signal reaches
-  // replicas at slightly different moments; the sum makes them agree), then the finite check
-  // and the squared norm of the reduced gradients, then a single copy to the host.
   const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
-  be.fill(stats_.view(kCount, {1}), static_cast<float>(count_));
-  be.fill(stats_.view(kStop, {1}), stop_requested ? 1.f : 0.f);
-  parallel::WorkHandle metrics;
-  if (rep_.world() > 1) {
-    metrics = rep_.comm().all_reduce_async(stats_.raw(), kReducedStats, DType::f32, parallel::ReduceOp::sum);
-    metrics->order_before(rep_.stream());
-  }
-  be.unscale_check_finite_into(model_.grads(), 1.0f / scale, stats_.view(kNonFinite, {1}));
-  be.sum_squares_into(model_.grads(), stats_.view(kGradSquares, {1}));
+  const auto t0 = std::chrono::steady_clock::now();
+  finish_gradients();
   float host[kStatCount];
-  be.read_to_host(stats_, host, [&] {
-    if (metrics) metrics->check();
-    sync_->check();
-  });
+  read_step_scalars(stop_requested, scale, host);
   const auto t1 = std::chrono::steady_clock::now();
   phases_.allreduce_wait += std::chrono::duration<double>(t1 - t0).count();
   // Everything after the wait, whichever way apply() returns, is the optimizer's share.
@@ -152,14 +122,53 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
     model_.refresh_compute_copy();
   }
   check_leaks();
-  if (o_.timeline) {
-    auto ps = rep_.pool().stats();
-    std::vector<std::pair<std::string, double>> v;
-    for (int t = 0; t < kNumTags; ++t) v.emplace_back(mem_tag_name(static_cast<MemTag>(t)), ps.tags[t].peak_in_use / 1048576.0);
-    o_.timeline->counter(2 * rep_.rank(), "replica " + std::to_string(rep_.rank()) + " pool peak MiB by tag",
-                         o_.timeline->now_ns(), std::move(v));
-  }
+  if (o_.timeline) trace_pool_peaks();
   return st;
+}
+
+void ReplicaStep::finish_gradients() {
+  {
+    // On a GPU the compute stream waits for the buckets on the device (no host wait; a trace
+    // waits on the host instead, to time each bucket).
+    Timeline::Scope wait(o_.timeline, 2 * rep_.rank(), "wait for gradient all-reduce", "comm");
+    sync_->finish(o_.timeline ? nullptr : &rep_.stream());
+  }
+  if (!o_.timeline || rep_.world() == 1) return;
+  int i = 0;
+  for (const auto& b : sync_->buckets())
+    if (b.work)
+      o_.timeline->slice(2 * rep_.rank() + 1, "all-reduce bucket " + std::to_string(i++) + " (" +
+                                                  format_bytes(static_cast<size_t>(b.elements) * 4) + ")",
+                         o_.timeline->from_steady(b.launched_ns), o_.timeline->from_steady(b.done_ns), "comm");
+}
+
+// The step's scalars stay on the device until one read: the loss, accuracy, bad-label flag,
+// sample count and stop vote summed across replicas in one small collective (a signal reaches
+// replicas at slightly different moments; the sum makes them agree), then the finite check and
+// the squared norm of the reduced gradients, then a single copy to the host.
+void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* host) {
+  auto& be = ops::backend_for(rep_.device());
+  be.fill(stats_.view(kCount, {1}), static_cast<float>(count_));
+  be.fill(stats_.view(kStop, {1}), stop_requested ? 1.f : 0.f);
+  parallel::WorkHandle metrics;
+  if (rep_.world() > 1) {
+    metrics = rep_.comm().all_reduce_async(stats_.raw(), kReducedStats, DType::f32, parallel::ReduceOp::sum);
+    metrics->order_before(rep_.stream());
+  }
+  be.unscale_check_finite_into(model_.grads(), 1.0f / scale, stats_.view(kNonFinite, {1}));
+  be.sum_squares_into(model_.grads(), stats_.view(kGradSquares, {1}));
+  be.read_to_host(stats_, host, [&] {
+    if (metrics) metrics->check();
+    sync_->check();
+  });
+}
+
+void ReplicaStep::trace_pool_peaks() {
+  auto ps = rep_.pool().stats();
+  std::vector<std::pair<std::string, double>> v;
+  for (int t = 0; t < kNumTags; ++t) v.emplace_back(mem_tag_name(static_cast<MemTag>(t)), ps.tags[t].peak_in_use / 1048576.0);
+  o_.timeline->counter(2 * rep_.rank(), "replica " + std::to_string(rep_.rank()) + " pool peak MiB by tag",
+                       o_.timeline->now_ns(), std::move(v));
 }
 
 void ReplicaStep::check_leaks() {

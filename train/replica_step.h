@@ -104,6 +104,10 @@ class ReplicaStep {
   StepOptions o_;
   std::unique_ptr<parallel::GradientSync> sync_;
   void check_leaks();
+  // apply()'s steps: wait for (or order after) the gradient buckets; the one host read.
+  void finish_gradients();
+  void read_step_scalars(bool stop_requested, float scale, float* host);
+  void trace_pool_peaks();
   // The step's scalars (f32, on the replica's device): filled by the micro-steps and apply(), read
   // by the host once per optimizer step. [0, kReducedStats) is summed across replicas.
   enum : int64_t {

@@ -549,16 +549,9 @@ class CudaBackend final : public Backend {
   }
 
   LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) override {
-    const int N = as_int(logits.dim(0), "softmax_cross_entropy"), K = as_int(logits.dim(1), "softmax_cross_entropy");
-    if (labels.numel() != N)
-      throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
-                       std::to_string(labels.numel()) + " labels");
     auto& ts = state();
-    cudaStream_t s = stream();
-    double* result = static_cast<double*>(ts.get_scratch(sizeof(double) + 2 * sizeof(int)));
-    int* counts = reinterpret_cast<int*>(result + 1);
-    REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double) + 2 * sizeof(int), s));
-    cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, result, counts, s);
+    const int K = as_int(logits.dim(1), "softmax_cross_entropy");
+    double* result = launch_xent(ts, logits, labels, probs);
     char host[sizeof(double) + 2 * sizeof(int)];
     fetch(ts, result, host, sizeof host);
     double loss;
@@ -576,19 +569,11 @@ class CudaBackend final : public Backend {
 
   void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                const Tensor& sums) override {
-    const int N = as_int(logits.dim(0), "softmax_cross_entropy"), K = as_int(logits.dim(1), "softmax_cross_entropy");
-    if (labels.numel() != N)
-      throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
-                       std::to_string(labels.numel()) + " labels");
     if (sums.dtype() != DType::f32 || sums.numel() < 3)
       throw ShapeError("softmax_xent_accumulate: sums must be f32 with 3 elements, got " + sums.str());
     auto& ts = state();
-    cudaStream_t s = stream();
-    double* result = static_cast<double*>(ts.get_scratch(sizeof(double) + 2 * sizeof(int)));
-    int* counts = reinterpret_cast<int*>(result + 1);
-    REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double) + 2 * sizeof(int), s));
-    cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, result, counts, s);
-    cuk::xent_fold(result, counts, sums.data<float>(), s);
+    double* result = launch_xent(ts, logits, labels, probs);
+    cuk::xent_fold(result, reinterpret_cast<int*>(result + 1), sums.data<float>(), stream());
   }
 
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale, const Tensor& dlogits) override {
@@ -709,6 +694,20 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The loss kernel into the thread's scratch: [loss sum (double) | correct, first bad row + 1 (int)].
+  static double* launch_xent(ThreadState& ts, const Tensor& logits, const Tensor& labels, const Tensor& probs) {
+    const int N = as_int(logits.dim(0), "softmax_cross_entropy"), K = as_int(logits.dim(1), "softmax_cross_entropy");
+    if (labels.numel() != N)
+      throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
+                       std::to_string(labels.numel()) + " labels");
+    cudaStream_t s = stream();
+    double* result = static_cast<double*>(ts.get_scratch(sizeof(double) + 2 * sizeof(int)));
+    int* counts = reinterpret_cast<int*>(result + 1);
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double) + 2 * sizeof(int), s));
+    cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, result, counts, s);
+    return result;
+  }
+
   // t itself, or a copy rounded to dt in the workspace pool.
   static Tensor as_dtype(const Tensor& t, DType dt, MemoryPool& ws) {
     if (t.dtype() == dt) return t;
