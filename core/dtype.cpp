@@ -1,6 +1,8 @@
 // DType names, sizes and bulk conversion.
 #include "core/dtype.h"
 
+#include <cstring>
+
 #include "core/errors.h"
 
 #if defined(__F16C__)
@@ -96,15 +98,28 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     return;
   }
   if (st == DType::f32 && dt == DType::bf16) {
-    auto* s = static_cast<const float*>(src);
-    auto* d = static_cast<BFloat16*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+    // float_to_bf16 without its branch, so the loop vectorises (the same bits: tested).
+    auto* s = static_cast<const char*>(src);
+    auto* d = static_cast<char*>(dst);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t x;
+      std::memcpy(&x, s + 4 * i, 4);
+      const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+      const uint32_t quiet = (x >> 16) | 0x40u;
+      const uint16_t b = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+      std::memcpy(d + 2 * i, &b, 2);
+    }
     return;
   }
   if (st == DType::bf16 && dt == DType::f32) {
-    auto* s = static_cast<const BFloat16*>(src);
-    auto* d = static_cast<float*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
+    auto* s = static_cast<const char*>(src);
+    auto* d = static_cast<char*>(dst);
+    for (size_t i = 0; i < n; ++i) {  // bf16_to_float, vectorised
+      uint16_t b;
+      std::memcpy(&b, s + 2 * i, 2);
+      const uint32_t x = static_cast<uint32_t>(b) << 16;
+      std::memcpy(d + 4 * i, &x, 4);
+    }
     return;
   }
   for (size_t i = 0; i < n; ++i) store(dst, dt, i, load_as_float(src, st, i));

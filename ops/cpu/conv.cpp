@@ -1,6 +1,7 @@
 // CPU convolution on NHWC via im2col + Eigen GEMM, a batch chunk at a time so the column buffer
 // (from the pool, tag workspace) stays cache-sized; chunks spread over the replica's intra-op
 // threads. 1x1 stride-1 unpadded convolutions skip im2col: the input already is the column matrix.
+// 16-bit activations are converted a chunk at a time too (ChunkView).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
@@ -34,11 +35,12 @@ int64_t chunk_images(const ConvGeom& g) {
   return std::clamp<int64_t>(static_cast<int64_t>(kColBytes / std::max<size_t>(per_image, 1)), 1, g.N);
 }
 
-// Rows are output pixels (n,p,q); columns are (r,s,c), matching KRSC filters.
-void im2col(const float* x, float* col, const ConvGeom& g, int64_t n0, int64_t nb) {
+// Rows are output pixels (n,p,q); columns are (r,s,c), matching KRSC filters. x: the chunk's
+// first image.
+void im2col(const float* x, float* col, const ConvGeom& g, int64_t nb) {
   const int64_t SC = g.S * g.C, RSC = g.R * SC;
   for (int64_t n = 0; n < nb; ++n) {
-    const float* img = x + (n0 + n) * g.H * g.W * g.C;
+    const float* img = x + n * g.H * g.W * g.C;
     for (int64_t p = 0; p < g.P; ++p) {
       for (int64_t q = 0; q < g.Q; ++q) {
         float* row = col + ((n * g.P + p) * g.Q + q) * RSC;
@@ -61,11 +63,11 @@ void im2col(const float* x, float* col, const ConvGeom& g, int64_t n0, int64_t n
   }
 }
 
-// Adds the column matrix back into dx (which the caller zeroed).
-void col2im(const float* col, float* dx, const ConvGeom& g, int64_t n0, int64_t nb) {
+// Adds the column matrix back into dx (the chunk's first image; the caller zeroed it).
+void col2im(const float* col, float* dx, const ConvGeom& g, int64_t nb) {
   const int64_t SC = g.S * g.C, RSC = g.R * SC;
   for (int64_t n = 0; n < nb; ++n) {
-    float* img = dx + (n0 + n) * g.H * g.W * g.C;
+    float* img = dx + n * g.H * g.W * g.C;
     for (int64_t p = 0; p < g.P; ++p) {
       for (int64_t q = 0; q < g.Q; ++q) {
         const float* row = col + ((n * g.P + p) * g.Q + q) * RSC;
@@ -85,8 +87,9 @@ void col2im(const float* col, float* dx, const ConvGeom& g, int64_t n0, int64_t 
 }
 
 void check_conv(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g, const char* who) {
-  if (x.dtype() != DType::f32 || w.dtype() != DType::f32 || y.dtype() != DType::f32)
-    throw ShapeError(std::string(who) + ": the CPU kernel computes in f32; cast 16-bit tensors first");
+  for (const Tensor* t : {&x, &w, &y})
+    if (t->dtype() != DType::f32 && t->dtype() != DType::f16 && t->dtype() != DType::bf16)
+      throw ShapeError(std::string(who) + ": expected f32, f16 or bf16, got " + t->str());
   if (x.numel() != g.N * g.H * g.W * g.C || w.numel() != g.K * g.R * g.S * g.C ||
       y.numel() != g.N * g.P * g.Q * g.K)
     throw ShapeError(std::string(who) + ": tensors " + x.str() + ", " + w.str() + ", " + y.str() +
@@ -130,6 +133,50 @@ struct ChunkPlan {
   std::vector<std::unique_ptr<Workspace>> cols;
 };
 
+// An activation operand seen a batch chunk at a time in f32. f32 tensors are used in place;
+// 16-bit ones are converted chunk by chunk into a per-thread buffer (tag workspace) that stays
+// in cache, and outputs are rounded back chunk by chunk: run_in_f32's arithmetic exactly, without
+// a whole-tensor f32 copy written to memory and read back.
+class ChunkView {
+ public:
+  enum Role { in, out };
+  ChunkView(const Tensor& t, int64_t per_image, const ChunkPlan& cp, MemoryPool& ws, Role role)
+      : t_(t), per_image_(per_image), role_(role) {
+    if (t.dtype() == DType::f32) return;
+    for (int i = 0; i < cp.threads; ++i)
+      bufs_.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(cp.chunk * per_image) * sizeof(float)));
+  }
+  // Images [n0, n0 + nb) in f32 (converted in for an input).
+  float* get(int64_t n0, int64_t nb, int thread) {
+    if (bufs_.empty()) return t_.data<float>() + n0 * per_image_;
+    float* b = bufs_[thread]->p;
+    if (role_ == in) convert(element(n0), t_.dtype(), b, DType::f32, static_cast<size_t>(nb * per_image_));
+    return b;
+  }
+  // An output's chunk back into its 16-bit storage.
+  void put(int64_t n0, int64_t nb, int thread) {
+    if (bufs_.empty()) return;
+    convert(bufs_[thread]->p, DType::f32, element(n0), t_.dtype(), static_cast<size_t>(nb * per_image_));
+  }
+
+ private:
+  char* element(int64_t n0) const {
+    return static_cast<char*>(t_.raw()) + static_cast<size_t>(n0 * per_image_) * dtype_size(t_.dtype());
+  }
+  const Tensor& t_;
+  int64_t per_image_;
+  Role role_;
+  std::vector<std::unique_ptr<Workspace>> bufs_;
+};
+
+// A filter (small) in f32: itself, or a converted copy.
+Tensor filter_f32(const Tensor& w, MemoryPool& ws) {
+  if (w.dtype() == DType::f32) return w;
+  Tensor f = Tensor::empty(ws, w.shape(), DType::f32, MemTag::workspace);
+  convert(w.raw(), w.dtype(), f.raw(), DType::f32, static_cast<size_t>(w.numel()));
+  return f;
+}
+
 }  // namespace
 
 // Each convolution walks the batch in chunks of whole images: im2col of the chunk into a
@@ -137,58 +184,63 @@ struct ChunkPlan {
 // convolutions use the input rows directly.
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
                                 MemoryPool& ws) {
-  if (run_in_f32({In(x), In(w), Out(y)}, [&](auto& t) { conv2d_forward(t[0], t[1], t[2], g, ws); }))
-    return;
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
-  CMapR W(w.data<float>(), g.K, RSC);
+  const Tensor wf = filter_f32(w, ws);
+  ChunkView X(x, g.H * g.W * g.C, cp, ws, ChunkView::in), Y(y, PQ * g.K, cp, ws, ChunkView::out);
+  CMapR W(wf.data<float>(), g.K, RSC);
   for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
-    const float* a = x.data<float>() + n0 * PQ * g.C;
+    const float* a = X.get(n0, nb, t);
     if (!cp.pointwise) {
-      im2col(x.data<float>(), cp.col(t), g, n0, nb);
+      im2col(a, cp.col(t), g, nb);
       a = cp.col(t);
     }
-    MapR Y(y.data<float>() + n0 * PQ * g.K, nb * PQ, g.K);
-    Y.noalias() = CMapR(a, nb * PQ, RSC) * W.transpose();
+    MapR(Y.get(n0, nb, t), nb * PQ, g.K).noalias() = CMapR(a, nb * PQ, RSC) * W.transpose();
+    Y.put(n0, nb, t);
   });
 }
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
                                       const ConvGeom& g, MemoryPool& ws) {
-  if (run_in_f32({In(dy), In(w), Out(dx)},
-                 [&](auto& t) { conv2d_backward_data(t[0], t[1], t[2], g, ws); }))
-    return;
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
   const ChunkPlan cp(g, ws);
-  const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
-  CMapR W(w.data<float>(), g.K, RSC);
+  const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk, HWC = g.H * g.W * g.C;
+  const Tensor wf = filter_f32(w, ws);
+  ChunkView DYv(dy, PQ * g.K, cp, ws, ChunkView::in), DXv(dx, HWC, cp, ws, ChunkView::out);
+  CMapR W(wf.data<float>(), g.K, RSC);
   for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
-    CMapR DY(dy.data<float>() + n0 * PQ * g.K, nb * PQ, g.K);
+    CMapR DY(DYv.get(n0, nb, t), nb * PQ, g.K);
+    float* out = DXv.get(n0, nb, t);
     if (cp.pointwise) {
-      MapR(dx.data<float>() + n0 * PQ * g.C, nb * PQ, g.C).noalias() = DY * W;
-      return;
+      MapR(out, nb * PQ, g.C).noalias() = DY * W;
+    } else {
+      std::memset(out, 0, static_cast<size_t>(nb * HWC) * sizeof(float));
+      MapR(cp.col(t), nb * PQ, RSC).noalias() = DY * W;
+      col2im(cp.col(t), out, g, nb);
     }
-    std::memset(dx.data<float>() + n0 * g.H * g.W * g.C, 0, static_cast<size_t>(nb * g.H * g.W * g.C) * sizeof(float));
-    MapR(cp.col(t), nb * PQ, RSC).noalias() = DY * W;
-    col2im(cp.col(t), dx.data<float>(), g, n0, nb);
+    DXv.put(n0, nb, t);
   });
 }
 
 void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                         const ConvGeom& g, MemoryPool& ws) {
-  if (run_in_f32({In(x), In(dy), InOut(dw)},
-                 [&](auto& t) { conv2d_backward_filter(t[0], t[1], t[2], g, ws); }))
+  // The weight gradient accumulates (+=): a 16-bit one (no model keeps one) takes the
+  // whole-tensor path; activations are read a chunk at a time.
+  if (dw.dtype() != DType::f32) {
+    run_in_f32({In(x), In(dy), InOut(dw)}, [&](auto& t) { conv2d_backward_filter(t[0], t[1], t[2], g, ws); });
     return;
+  }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   const int T = cp.threads;
+  ChunkView X(x, g.H * g.W * g.C, cp, ws, ChunkView::in), DYv(dy, PQ * g.K, cp, ws, ChunkView::in);
   // With several threads, one partial dW each, summed in thread order at the end (deterministic
   // for a given thread count).
   std::vector<std::unique_ptr<Workspace>> partial;
@@ -198,13 +250,13 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   for_chunks(cp.nchunks, T, [&](int64_t c, int t) {
     const int64_t n0 = c * chunk, nb = std::min(chunk, g.N - n0);
-    const float* a = x.data<float>() + n0 * PQ * g.C;
+    const float* a = X.get(n0, nb, t);
     if (!cp.pointwise) {
-      im2col(x.data<float>(), cp.col(t), g, n0, nb);
+      im2col(a, cp.col(t), g, nb);
       a = cp.col(t);
     }
     MapR DW(T > 1 ? partial[t]->p : dw.data<float>(), g.K, RSC);
-    DW.noalias() += CMapR(dy.data<float>() + n0 * PQ * g.K, nb * PQ, g.K).transpose() * CMapR(a, nb * PQ, RSC);
+    DW.noalias() += CMapR(DYv.get(n0, nb, t), nb * PQ, g.K).transpose() * CMapR(a, nb * PQ, RSC);
   });
   if (T > 1) {
     MapR DW(dw.data<float>(), g.K, RSC);

@@ -220,53 +220,45 @@ void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, co
 }
 
 void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
-  if (run_in_f32({In(x), Out(y)}, [&](auto& t) { relu_forward(t[0], t[1]); })) return;
   require_same(x, y, "relu_forward");
-  const float* px = x.data<float>();
-  float* py = y.data<float>();
   // NaN stays NaN (as in PyTorch), so a poisoned input cannot hide behind a ReLU
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] = px[i] < 0.f ? 0.f : px[i];
+  elementwise_in_f32({In(x), Out(y)}, [](float* const* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[1][i] = p[0][i] < 0.f ? 0.f : p[0][i];
+  });
 }
 
 void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  if (run_in_f32({In(y), In(dy), Out(dx)}, [&](auto& t) { relu_backward(t[0], t[1], t[2]); }))
-    return;
   require_same(y, dy, "relu_backward");
-  const float* py = y.data<float>();
-  const float* pdy = dy.data<float>();
-  float* pdx = dx.data<float>();
-  for (int64_t i = 0, n = y.numel(); i < n; ++i) pdx[i] = py[i] > 0.f ? pdy[i] : 0.f;
+  require_same(y, dx, "relu_backward");
+  elementwise_in_f32({In(y), In(dy), Out(dx)}, [](float* const* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[2][i] = p[0][i] > 0.f ? p[1][i] : 0.f;
+  });
 }
 
 void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
-  if (run_in_f32({In(a), In(b), Out(y)}, [&](auto& t) { add(t[0], t[1], t[2]); })) return;
   require_same(a, b, "add");
   require_same(a, y, "add");
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* py = y.data<float>();
-  for (int64_t i = 0, n = a.numel(); i < n; ++i) py[i] = pa[i] + pb[i];
+  elementwise_in_f32({In(a), In(b), Out(y)}, [](float* const* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[2][i] = p[0][i] + p[1][i];
+  });
 }
 
 void CpuBackend::add_relu(const Tensor& a, const Tensor& b, const Tensor& y) {
-  if (run_in_f32({In(a), In(b), Out(y)}, [&](auto& t) { add_relu(t[0], t[1], t[2]); })) return;
   require_same(a, b, "add_relu");
   require_same(a, y, "add_relu");
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* py = y.data<float>();
-  for (int64_t i = 0, n = a.numel(); i < n; ++i) {
-    const float v = pa[i] + pb[i];
-    py[i] = v < 0.f ? 0.f : v;
-  }
+  elementwise_in_f32({In(a), In(b), Out(y)}, [](float* const* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = p[0][i] + p[1][i];
+      p[2][i] = v < 0.f ? 0.f : v;
+    }
+  });
 }
 
 void CpuBackend::axpy(float alpha, const Tensor& x, const Tensor& y) {
-  if (run_in_f32({In(x), InOut(y)}, [&](auto& t) { axpy(alpha, t[0], t[1]); })) return;
   require_same(x, y, "axpy");
-  const float* px = x.data<float>();
-  float* py = y.data<float>();
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] += alpha * px[i];
+  elementwise_in_f32({In(x), InOut(y)}, [alpha](float* const* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[1][i] += alpha * p[0][i];
+  });
 }
 
 void CpuBackend::fill(const Tensor& y, float value) {
@@ -278,9 +270,9 @@ void CpuBackend::fill(const Tensor& y, float value) {
 }
 
 void CpuBackend::scale(const Tensor& y, float alpha) {
-  if (run_in_f32({InOut(y)}, [&](auto& t) { scale(t[0], alpha); })) return;
-  float* p = y.data<float>();
-  for (int64_t i = 0, n = y.numel(); i < n; ++i) p[i] *= alpha;
+  elementwise_in_f32({InOut(y)}, [alpha](float* const* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[0][i] *= alpha;
+  });
 }
 
 void CpuBackend::maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,

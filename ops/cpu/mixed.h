@@ -6,6 +6,8 @@
 //   if (run_in_f32({In(x), In(w), Out(y)}, [&](auto& t) { conv2d_forward(t[0], t[1], t[2], g, ws);
 //   })) return;
 #pragma once
+#include <algorithm>
+#include <array>
 #include <initializer_list>
 #include <utility>
 #include <vector>
@@ -62,6 +64,45 @@ bool run_in_f32(std::initializer_list<F32Arg> args, F&& f) {
   for (auto& [scratch, dst] : back)
     convert(scratch.raw(), DType::f32, dst.raw(), dst.dtype(), static_cast<size_t>(dst.numel()));
   return true;
+}
+
+// Elementwise ops (element i of every output depends on element i of the inputs only) skip the
+// whole-tensor scratch: 16-bit operands are converted a tile at a time into f32 buffers that
+// stay in L1, f(p, n) runs on the tile (p[k]: operand k's n floats), and 16-bit outputs are
+// rounded back before the next tile; f32 operands are passed through in place. The arithmetic is
+// run_in_f32's exactly (16 -> 32 bits is exact, one rounding on store), at a fraction of its
+// memory traffic (bench/RESULTS.md, fp16 and bf16 on the CPU). All operands have one size.
+template <typename F>
+void elementwise_in_f32(std::initializer_list<F32Arg> args, F&& f) {
+  constexpr int64_t kTile = 1024;
+  constexpr size_t kMax = 4;
+  if (args.size() > kMax) throw Error("elementwise_in_f32: at most 4 operands");
+  const F32Arg* a = args.begin();
+  const size_t K = args.size();
+  const int64_t n = a[0].t->numel();
+  alignas(64) float buf[kMax][kTile];
+  std::array<float*, kMax> p{};
+  for (int64_t i = 0; i < n; i += kTile) {
+    const int64_t m = std::min(kTile, n - i);
+    for (size_t k = 0; k < K; ++k) {
+      const Tensor& t = *a[k].t;
+      if (t.dtype() == DType::f32) {
+        p[k] = t.data<float>() + i;
+        continue;
+      }
+      p[k] = buf[k];
+      if (a[k].role != F32Arg::out)
+        convert(static_cast<const char*>(t.raw()) + i * dtype_size(t.dtype()), t.dtype(), buf[k], DType::f32,
+                static_cast<size_t>(m));
+    }
+    f(p.data(), m);
+    for (size_t k = 0; k < K; ++k) {
+      const Tensor& t = *a[k].t;
+      if (t.dtype() != DType::f32 && a[k].role != F32Arg::in)
+        convert(buf[k], DType::f32, static_cast<char*>(t.raw()) + i * dtype_size(t.dtype()), t.dtype(),
+                static_cast<size_t>(m));
+    }
+  }
 }
 
 }  // namespace replica::ops
