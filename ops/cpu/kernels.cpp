@@ -20,10 +20,6 @@ using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajo
 using MapR = Eigen::Map<MatR>;
 using CMapR = Eigen::Map<const MatR>;
 
-void require_f32(const Tensor& t, const char* who) {
-  if (t.dtype() != DType::f32)
-    throw ShapeError(std::string(who) + ": expected f32, got " + t.str());
-}
 void require_same(const Tensor& a, const Tensor& b, const char* who) {
   if (a.numel() != b.numel())
     throw ShapeError(std::string(who) + ": " + a.str() + " and " + b.str() + " differ in size");
@@ -37,26 +33,73 @@ void reduce(std::vector<double>& buf, const AllReduceFn& allreduce) {
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = f[i];
 }
 
-// Per-channel sums over rows of an [M, C] matrix: f32 partial sums over blocks of 32 rows (they
-// vectorise across C), folded into double so long reductions keep their precision.
-template <typename RowFn>
-void channel_sums(int64_t M, int64_t C, std::vector<double>& acc, int64_t acc_offset, RowFn&& row) {
+// Rows of an [M, C] activation in f32, kBlock at a time: f32 tensors in place; 16-bit ones
+// converted block by block into a small buffer (it stays in cache) and, for outputs, rounded
+// back by put(). run_in_f32's arithmetic exactly, without its whole-tensor f32 copies.
+class Rows {
+ public:
+  static constexpr int64_t kBlock = 32;
+  Rows(const Tensor& t, int64_t C) : t_(t), C_(C) {
+    if (t.dtype() != DType::f32) buf_.resize(static_cast<size_t>(kBlock * C));
+  }
+  // Rows [i0, i0 + n) to read.
+  const float* in(int64_t i0, int64_t n) {
+    if (buf_.empty()) return t_.data<float>() + i0 * C_;
+    convert(at(i0), t_.dtype(), buf_.data(), DType::f32, static_cast<size_t>(n * C_));
+    return buf_.data();
+  }
+  // Rows from i0 to write, then put(i0, n).
+  float* out(int64_t i0) { return buf_.empty() ? t_.data<float>() + i0 * C_ : buf_.data(); }
+  void put(int64_t i0, int64_t n) {
+    if (!buf_.empty()) convert(buf_.data(), DType::f32, at(i0), t_.dtype(), static_cast<size_t>(n * C_));
+  }
+
+ private:
+  char* at(int64_t i0) const { return static_cast<char*>(t_.raw()) + static_cast<size_t>(i0 * C_) * dtype_size(t_.dtype()); }
+  const Tensor& t_;
+  int64_t C_;
+  std::vector<float> buf_;
+};
+
+// A per-channel parameter (gamma, beta: small) in f32.
+std::vector<float> channel_f32(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  convert(t.raw(), t.dtype(), v.data(), DType::f32, v.size());
+  return v;
+}
+
+int64_t channels_of(const Tensor& x, const char* who) {
+  if (x.dtype() != DType::f32 && x.dtype() != DType::f16 && x.dtype() != DType::bf16)
+    throw ShapeError(std::string(who) + ": expected f32, f16 or bf16, got " + x.str());
+  return x.shape()[x.shape().rank() - 1];
+}
+
+// Per-channel sums over the rows of an [M, C] matrix: f32 partial sums over blocks of
+// Rows::kBlock rows (they vectorise across C), folded into double so long reductions keep their
+// precision. block(i0, n, part) adds rows [i0, i0 + n) into part.
+template <typename BlockFn>
+void channel_sums(int64_t M, int64_t C, std::vector<double>& acc, int64_t acc_offset, BlockFn&& block) {
   std::vector<float> part(C);
-  for (int64_t i0 = 0; i0 < M; i0 += 32) {
+  for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
     std::fill(part.begin(), part.end(), 0.f);
-    const int64_t i1 = std::min(M, i0 + 32);
-    for (int64_t i = i0; i < i1; ++i) row(i, part.data());
+    block(i0, std::min(Rows::kBlock, M - i0), part.data());
     for (int64_t c = 0; c < C; ++c) acc[acc_offset + c] += part[c];
   }
 }
 
 // y = x * a[c] + b[c], then max(., 0) when a ReLU is fused (NaN stays NaN, as relu_forward).
-void apply_affine(const float* px, float* py, int64_t M, int64_t C, const float* a, const float* b, bool relu) {
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t c = 0; c < C; ++c) {
-      const float v = px[i * C + c] * a[c] + b[c];
-      py[i * C + c] = relu && v < 0.f ? 0.f : v;
-    }
+void apply_affine(Rows& X, Rows& Y, int64_t M, int64_t C, const float* a, const float* b, bool relu) {
+  for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
+    const int64_t n = std::min(Rows::kBlock, M - i0);
+    const float* px = X.in(i0, n);
+    float* py = Y.out(i0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        const float v = px[i * C + c] * a[c] + b[c];
+        py[i * C + c] = relu && v < 0.f ? 0.f : v;
+      }
+    Y.put(i0, n);
+  }
 }
 
 }  // namespace
@@ -66,18 +109,14 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
                                          const Tensor& save_invstd, const Tensor& running_mean,
                                          const Tensor& running_var, float momentum, float eps,
                                          const AllReduceFn& allreduce, bool relu) {
-  if (run_in_f32({In(x), In(gamma), In(beta), Out(y)}, [&](auto& t) {
-        batchnorm_forward_train(t[0], t[1], t[2], t[3], save_mean, save_invstd, running_mean,
-                                running_var, momentum, eps, allreduce, relu);
-      }))
-    return;
-  require_f32(x, "batchnorm_forward_train");
-  const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
-  const float* px = x.data<float>();
+  const int64_t C = channels_of(x, "batchnorm_forward_train"), M = x.numel() / C;
+  require_same(x, y, "batchnorm_forward_train");
+  Rows X(x, C), Y(y, C);
   std::vector<double> acc(C + 1, 0.0);
-  channel_sums(M, C, acc, 0, [&](int64_t i, float* part) {
-    const float* r = px + i * C;
-    for (int64_t c = 0; c < C; ++c) part[c] += r[c];
+  channel_sums(M, C, acc, 0, [&](int64_t i0, int64_t n, float* part) {
+    const float* r = X.in(i0, n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) part[c] += r[i * C + c];
   });
   acc[C] = static_cast<double>(M);
   reduce(acc, allreduce);
@@ -85,49 +124,49 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
   std::vector<double> mean(C), sq(C, 0.0);
   std::vector<float> meanf(C);
   for (int64_t c = 0; c < C; ++c) meanf[c] = static_cast<float>(mean[c] = acc[c] / Mg);
-  channel_sums(M, C, sq, 0, [&](int64_t i, float* part) {
-    const float* r = px + i * C;
-    for (int64_t c = 0; c < C; ++c) {
-      float d = r[c] - meanf[c];
-      part[c] += d * d;
-    }
+  channel_sums(M, C, sq, 0, [&](int64_t i0, int64_t n, float* part) {
+    const float* r = X.in(i0, n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        float d = r[i * C + c] - meanf[c];
+        part[c] += d * d;
+      }
   });
   reduce(sq, allreduce);
   float* sm = save_mean.data<float>();
   float* si = save_invstd.data<float>();
   float* rm = running_mean.data<float>();
   float* rv = running_var.data<float>();
+  const std::vector<float> g = channel_f32(gamma), be = channel_f32(beta);
   std::vector<float> a(C), b(C);
   for (int64_t c = 0; c < C; ++c) {
     double var = sq[c] / Mg;
     double inv = 1.0 / std::sqrt(var + eps);
     sm[c] = static_cast<float>(mean[c]);
     si[c] = static_cast<float>(inv);
-    a[c] = static_cast<float>(gamma.data<float>()[c] * inv);
-    b[c] = static_cast<float>(beta.data<float>()[c] - mean[c] * gamma.data<float>()[c] * inv);
+    a[c] = static_cast<float>(g[c] * inv);
+    b[c] = static_cast<float>(be[c] - mean[c] * g[c] * inv);
     double unbiased = Mg > 1 ? var * Mg / (Mg - 1) : var;
     rm[c] = static_cast<float>((1 - momentum) * rm[c] + momentum * mean[c]);
     rv[c] = static_cast<float>((1 - momentum) * rv[c] + momentum * unbiased);
   }
-  apply_affine(px, y.data<float>(), M, C, a.data(), b.data(), relu);
+  apply_affine(X, Y, M, C, a.data(), b.data(), relu);
 }
 
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                         const Tensor& y, const Tensor& running_mean,
                                         const Tensor& running_var, float eps, bool relu) {
-  if (run_in_f32({In(x), In(gamma), In(beta), Out(y)}, [&](auto& t) {
-        batchnorm_forward_eval(t[0], t[1], t[2], t[3], running_mean, running_var, eps, relu);
-      }))
-    return;
-  require_f32(x, "batchnorm_forward_eval");
-  const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
+  const int64_t C = channels_of(x, "batchnorm_forward_eval"), M = x.numel() / C;
+  require_same(x, y, "batchnorm_forward_eval");
+  const std::vector<float> g = channel_f32(gamma), be = channel_f32(beta);
   std::vector<float> a(C), b(C);
   for (int64_t c = 0; c < C; ++c) {
     float inv = 1.0f / std::sqrt(running_var.data<float>()[c] + eps);
-    a[c] = gamma.data<float>()[c] * inv;
-    b[c] = beta.data<float>()[c] - running_mean.data<float>()[c] * a[c];
+    a[c] = g[c] * inv;
+    b[c] = be[c] - running_mean.data<float>()[c] * a[c];
   }
-  apply_affine(x.data<float>(), y.data<float>(), M, C, a.data(), b.data(), relu);
+  Rows X(x, C), Y(y, C);
+  apply_affine(X, Y, M, C, a.data(), b.data(), relu);
 }
 
 void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -135,25 +174,23 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                     const AllReduceFn& allreduce, const Tensor& relu_y) {
   if (relu_y.defined()) relu_backward(relu_y, dy, dy);  // the fused ReLU's mask, in place
-  if (run_in_f32({In(dy), In(x), In(gamma), Out(dx)}, [&](auto& t) {
-        batchnorm_backward(t[0], t[1], t[2], save_mean, save_invstd, t[3], dgamma, dbeta,
-                           allreduce, Tensor());
-      }))
-    return;
-  const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
-  const float* px = x.data<float>();
-  const float* pdy = dy.data<float>();
+  const int64_t C = channels_of(x, "batchnorm_backward"), M = x.numel() / C;
+  require_same(x, dy, "batchnorm_backward");
+  require_same(x, dx, "batchnorm_backward");
+  Rows X(x, C), DY(dy, C), DX(dx, C);
   const float* mean = save_mean.data<float>();
   const float* inv = save_invstd.data<float>();
   std::vector<double> acc(2 * C + 1, 0.0);  // sum dy, sum dy*xhat, count
   {
-    // One pass over x and dy for both sums (f32 partials per 32 rows, folded into double).
+    // One pass over x and dy for both sums (f32 partials per block of rows, folded into double).
     std::vector<float> p1(C), p2(C);
-    for (int64_t i0 = 0; i0 < M; i0 += 32) {
+    for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
       std::fill(p1.begin(), p1.end(), 0.f);
       std::fill(p2.begin(), p2.end(), 0.f);
-      const int64_t i1 = std::min(M, i0 + 32);
-      for (int64_t i = i0; i < i1; ++i) {
+      const int64_t n = std::min(Rows::kBlock, M - i0);
+      const float* pdy = DY.in(i0, n);
+      const float* px = X.in(i0, n);
+      for (int64_t i = 0; i < n; ++i) {
         const float* g = pdy + i * C;
         const float* r = px + i * C;
         for (int64_t c = 0; c < C; ++c) {
@@ -174,49 +211,64 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
   acc[2 * C] = static_cast<double>(M);
   reduce(acc, allreduce);  // sync-BN: dx needs the sums over the global batch
   const double Mg = acc[2 * C];
+  const std::vector<float> gm = channel_f32(gamma);
   std::vector<float> k(C), m1(C), m2(C);
   for (int64_t c = 0; c < C; ++c) {
-    k[c] = gamma.data<float>()[c] * inv[c];
+    k[c] = gm[c] * inv[c];
     m1[c] = static_cast<float>(acc[c] / Mg);
     m2[c] = static_cast<float>(acc[C + c] / Mg);
   }
-  float* pdx = dx.data<float>();
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t c = 0; c < C; ++c) {
-      float xhat = (px[i * C + c] - mean[c]) * inv[c];
-      pdx[i * C + c] = k[c] * (pdy[i * C + c] - m1[c] - xhat * m2[c]);
-    }
+  for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
+    const int64_t n = std::min(Rows::kBlock, M - i0);
+    const float* pdy = DY.in(i0, n);
+    const float* px = X.in(i0, n);
+    float* pdx = DX.out(i0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        float xhat = (px[i * C + c] - mean[c]) * inv[c];
+        pdx[i * C + c] = k[c] * (pdy[i * C + c] - m1[c] - xhat * m2[c]);
+      }
+    DX.put(i0, n);
+  }
 }
 
 void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                            const Tensor& mean, const Tensor& invstd, const Tensor& dx,
                                            const Tensor& dgamma, const Tensor& dbeta, const Tensor& relu_y) {
   if (relu_y.defined()) relu_backward(relu_y, dy, dy);
-  if (run_in_f32({In(dy), In(x), In(gamma), Out(dx)}, [&](auto& t) {
-        batchnorm_backward_frozen(t[0], t[1], t[2], mean, invstd, t[3], dgamma, dbeta, Tensor());
-      }))
-    return;
-  const int64_t C = x.shape()[x.shape().rank() - 1], M = x.numel() / C;
-  const float* px = x.data<float>();
-  const float* pdy = dy.data<float>();
+  const int64_t C = channels_of(x, "batchnorm_backward_frozen"), M = x.numel() / C;
+  require_same(x, dy, "batchnorm_backward_frozen");
+  require_same(x, dx, "batchnorm_backward_frozen");
+  Rows X(x, C), DY(dy, C), DX(dx, C);
   const float* mu = mean.data<float>();
   const float* inv = invstd.data<float>();
   std::vector<double> acc(2 * C, 0.0);
-  channel_sums(M, C, acc, 0, [&](int64_t i, float* part) {
-    for (int64_t c = 0; c < C; ++c) part[c] += pdy[i * C + c];
+  channel_sums(M, C, acc, 0, [&](int64_t i0, int64_t n, float* part) {
+    const float* pdy = DY.in(i0, n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) part[c] += pdy[i * C + c];
   });
-  channel_sums(M, C, acc, C, [&](int64_t i, float* part) {
-    for (int64_t c = 0; c < C; ++c) part[c] += pdy[i * C + c] * (px[i * C + c] - mu[c]) * inv[c];
+  channel_sums(M, C, acc, C, [&](int64_t i0, int64_t n, float* part) {
+    const float* pdy = DY.in(i0, n);
+    const float* px = X.in(i0, n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) part[c] += pdy[i * C + c] * (px[i * C + c] - mu[c]) * inv[c];
   });
+  const std::vector<float> gm = channel_f32(gamma);
   std::vector<float> k(C);
   for (int64_t c = 0; c < C; ++c) {
     dbeta.data<float>()[c] += static_cast<float>(acc[c]);
     dgamma.data<float>()[c] += static_cast<float>(acc[C + c]);
-    k[c] = gamma.data<float>()[c] * inv[c];
+    k[c] = gm[c] * inv[c];
   }
-  float* pdx = dx.data<float>();
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t c = 0; c < C; ++c) pdx[i * C + c] = k[c] * pdy[i * C + c];
+  for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
+    const int64_t n = std::min(Rows::kBlock, M - i0);
+    const float* pdy = DY.in(i0, n);
+    float* pdx = DX.out(i0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) pdx[i * C + c] = k[c] * pdy[i * C + c];
+    DX.put(i0, n);
+  }
 }
 
 void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
