@@ -157,8 +157,15 @@ class Backend {
   };
   virtual void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                             const AdamWUpdate& u) = 0;
-  // LARS: buf = momentum * buf + scaled_lr * (g + wd * p); p -= buf.
-  virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float scaled_lr,
+  // LARS trust ratios, left on the device (no host read): for each [offset, offset + count)
+  // segment i of params and grads, ratios[i] = trust * |w| / (|g| + wd * |w| + eps) in double, or
+  // 1 when either norm is 0 (ratios: f32 [segments.size()]).
+  virtual void lars_trust_ratios(const Tensor& params, const Tensor& grads,
+                                 const std::vector<std::pair<int64_t, int64_t>>& segments, float trust,
+                                 float wd, float eps, const Tensor& ratios) = 0;
+  // LARS: buf = momentum * buf + lr * ratio * (g + wd * p); p -= buf. ratio: one f32 of
+  // lars_trust_ratios' output on the device, or undefined for 1 (lr * ratio rounds to f32 first).
+  virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio,
                            float momentum, float wd) = 0;
 };
 

@@ -35,28 +35,24 @@ Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOp
   for (const auto& s : reg.params())
     slots_.push_back({s.offset, s.shape.numel(), s.kind == nn::ParamKind::weight});
   momentum_ = Tensor::zeros(pool, {std::max<int64_t>(total, 1)}, DType::f32, MemTag::optimizer);
+  for (const auto& s : slots_)
+    if (s.adapt) adapted_.emplace_back(s.offset, s.count);
+  ratios_ = Tensor::zeros(pool, {std::max<int64_t>(static_cast<int64_t>(adapted_.size()), 1)}, DType::f32,
+                          MemTag::optimizer);
 }
 
 void Lars::step(const Tensor& params, const Tensor& grads, float lr) {
   auto& be = ops::backend_for(params.device());
-  std::vector<std::pair<int64_t, int64_t>> adapted;
-  for (const auto& s : slots_)
-    if (s.adapt) adapted.emplace_back(s.offset, s.count);
-  // Both norms of every adapted tensor in two passes (one device round trip each on a GPU).
-  const std::vector<double> wss = be.segment_sum_squares(params, adapted);
-  const std::vector<double> gss = be.segment_sum_squares(grads, adapted);
-  size_t k = 0;
+  // Every adapted tensor's trust ratio in one pass, left on the device: the update reads it
+  // there, so LARS adds no host synchronisation to the step.
+  if (!adapted_.empty())
+    be.lars_trust_ratios(params, grads, adapted_, o_.trust_coefficient, o_.weight_decay, o_.eps, ratios_);
+  int64_t k = 0;
   for (const auto& s : slots_) {
-    float local = 1.f, wd = 0.f;
-    if (s.adapt) {
-      const double wn = std::sqrt(wss[k]), gn = std::sqrt(gss[k]);
-      k++;
-      wd = o_.weight_decay;
-      if (wn > 0 && gn > 0) local = static_cast<float>(o_.trust_coefficient * wn / (gn + wd * wn + o_.eps));
-    }
     Shape sh{s.count};
-    be.lars_update(params.view(s.offset, sh), grads.view(s.offset, sh), momentum_.view(s.offset, sh), lr * local,
-                   o_.momentum, wd);
+    const Tensor ratio = s.adapt ? ratios_.view(k++, {1}) : Tensor();
+    be.lars_update(params.view(s.offset, sh), grads.view(s.offset, sh), momentum_.view(s.offset, sh), lr, ratio,
+                   o_.momentum, s.adapt ? o_.weight_decay : 0.f);
   }
   steps_++;
 }

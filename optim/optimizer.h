@@ -101,7 +101,9 @@ class Lars : public Optimizer {
     bool adapt;
   };
   std::vector<Slot> slots_;
+  std::vector<std::pair<int64_t, int64_t>> adapted_;  // (offset, count) of the adapted slots
   Tensor momentum_;
+  Tensor ratios_;  // their trust ratios, on the device
 };
 
 // Groups of the flat buffer: each slot with its decay flag, merged when neighbours agree.

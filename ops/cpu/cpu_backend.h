@@ -64,8 +64,11 @@ class CpuBackend : public Backend {
   void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u) override;
   void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                     const AdamWUpdate& u) override;
-  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float scaled_lr, float momentum,
-                   float wd) override;
+  void lars_trust_ratios(const Tensor& params, const Tensor& grads,
+                         const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd,
+                         float eps, const Tensor& ratios) override;
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio,
+                   float momentum, float wd) override;
 
  private:
   // The bodies of the calls above that return host values; the public calls count a host sync

@@ -66,9 +66,33 @@ void CpuBackend::adamw_update(const Tensor& params, const Tensor& grads, const T
   }
 }
 
-void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Tensor& momentum, float scaled_lr,
-                             float mom, float wd) {
+void CpuBackend::lars_trust_ratios(const Tensor& params, const Tensor& grads,
+                                   const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd,
+                                   float eps, const Tensor& ratios) {
+  require_f32({&params, &grads, &ratios}, "lars_trust_ratios");
+  if (ratios.numel() < static_cast<int64_t>(segments.size()))
+    throw ShapeError("lars_trust_ratios: " + ratios.str() + " holds fewer than " + std::to_string(segments.size()) +
+                     " ratios");
+  const float* w = params.data<float>();
+  const float* g = grads.data<float>();
+  float* out = ratios.data<float>();
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const auto [off, n] = segments[i];
+    if (off < 0 || off + n > params.numel()) throw ShapeError("lars_trust_ratios: segment past the end of " + params.str());
+    double ws = 0, gs = 0;
+    for (int64_t j = off; j < off + n; ++j) {
+      ws += static_cast<double>(w[j]) * w[j];
+      gs += static_cast<double>(g[j]) * g[j];
+    }
+    const double wn = std::sqrt(ws), gn = std::sqrt(gs);
+    out[i] = wn > 0 && gn > 0 ? static_cast<float>(trust * wn / (gn + wd * wn + eps)) : 1.f;
+  }
+}
+
+void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Tensor& momentum, float lr,
+                             const Tensor& ratio, float mom, float wd) {
   require_f32({&params, &grads, &momentum}, "lars_update");
+  const float scaled_lr = ratio.defined() ? lr * ratio.data<float>()[0] : lr;
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* buf = momentum.data<float>();

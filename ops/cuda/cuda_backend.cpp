@@ -687,10 +687,32 @@ class CudaBackend final : public Backend {
     cuk::adamw_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), u.beta1, u.beta2,
                       u.eps, u.decay, u.step_size, u.inv_sqrt_bc2, stream());
   }
-  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float scaled_lr, float momentum,
+  void lars_trust_ratios(const Tensor& params, const Tensor& grads,
+                         const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd, float eps,
+                         const Tensor& ratios) override {
+    for (const Tensor* t : {&params, &grads, &ratios}) require_f32(*t, "lars_trust_ratios");
+    const int n = static_cast<int>(segments.size());
+    if (ratios.numel() < n) throw ShapeError("lars_trust_ratios: " + ratios.str() + " holds too few ratios");
+    if (n == 0) return;
+    std::vector<int64_t> oc(2 * segments.size());
+    for (int i = 0; i < n; ++i) {
+      if (segments[i].first < 0 || segments[i].first + segments[i].second > params.numel())
+        throw ShapeError("lars_trust_ratios: segment past the end of " + params.str());
+      oc[i] = segments[i].first;
+      oc[n + i] = segments[i].second;
+    }
+    auto& ts = state();
+    cudaStream_t s = stream();
+    auto* d = static_cast<int64_t*>(ts.get_scratch(oc.size() * sizeof(int64_t)));
+    // From pageable memory: staged at once, no wait for the stream's earlier work.
+    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    cuk::lars_ratios(params.data<float>(), grads.data<float>(), d, d + n, n, trust, wd, eps, ratios.data<float>(), s);
+  }
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio, float momentum,
                    float wd) override {
     for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "lars_update");
-    cuk::lars_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), scaled_lr, momentum, wd, stream());
+    cuk::lars_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), lr,
+                     ratio.defined() ? ratio.data<float>() : nullptr, momentum, wd, stream());
   }
 
  private:

@@ -146,6 +146,24 @@ __global__ void k_segment_sum_squares(const float* x, const int64_t* off, const 
   if (threadIdx.x == 0) out[seg] = acc;
 }
 
+// One block per segment: both squared norms in double, then the trust ratio (CPU: optim_kernels.cpp).
+__global__ void k_lars_ratios(const float* w, const float* g, const int64_t* off, const int64_t* cnt, float trust,
+                              float wd, float eps, float* out) {
+  const int seg = blockIdx.x;
+  double ws = 0, gs = 0;
+  for (int64_t i = threadIdx.x; i < cnt[seg]; i += blockDim.x) {
+    const double a = w[off[seg] + i], b = g[off[seg] + i];
+    ws += a * a;
+    gs += b * b;
+  }
+  ws = block_sum(ws);
+  gs = block_sum(gs);
+  if (threadIdx.x == 0) {
+    const double wn = sqrt(ws), gn = sqrt(gs);
+    out[seg] = wn > 0 && gn > 0 ? static_cast<float>(trust * wn / (gn + wd * wn + eps)) : 1.f;
+  }
+}
+
 template <typename Flag>
 __global__ void k_unscale_check(float* g, int64_t n, float inv, Flag* nonfinite) {
   bool bad = false;
@@ -185,9 +203,11 @@ __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n,
   }
 }
 
-__global__ void k_lars(float* p, const float* g, float* buf, int64_t n, float lr, float m, float wd) {
+__global__ void k_lars(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float m,
+                       float wd) {
+  const float scaled = ratio ? lr * *ratio : lr;
   GRID_STRIDE(i, n) {
-    const float b = m * buf[i] + lr * (g[i] + wd * p[i]);
+    const float b = m * buf[i] + scaled * (g[i] + wd * p[i]);
     buf[i] = b;
     p[i] -= b;
   }
@@ -615,9 +635,15 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
                   float decay, float step_size, float inv_sqrt_bc2, cudaStream_t s) {
   LAUNCH(k_adamw, n, s, p, g, m, v, n, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2);
 }
-void lars_update(float* p, const float* g, float* buf, int64_t n, float scaled_lr, float momentum, float wd,
-                 cudaStream_t s) {
-  LAUNCH(k_lars, n, s, p, g, buf, n, scaled_lr, momentum, wd);
+void lars_update(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float momentum,
+                 float wd, cudaStream_t s) {
+  LAUNCH(k_lars, n, s, p, g, buf, n, lr, ratio, momentum, wd);
+}
+void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
+                 float trust, float wd, float eps, float* out, cudaStream_t s) {
+  if (segments <= 0) return;
+  k_lars_ratios<<<segments, kThreads, 0, s>>>(w, g, offsets, counts, trust, wd, eps, out);
+  check_launch("k_lars_ratios");
 }
 
 void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* acc, cudaStream_t s) {

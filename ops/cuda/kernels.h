@@ -47,8 +47,11 @@ void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float
                 float dwd, bool nesterov, bool first, cudaStream_t s);
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2,
                   float eps, float decay, float step_size, float inv_sqrt_bc2, cudaStream_t s);
-void lars_update(float* p, const float* g, float* buf, int64_t n, float scaled_lr, float momentum,
-                 float wd, cudaStream_t s);
+void lars_update(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float momentum,
+                 float wd, cudaStream_t s);  // lr * *ratio (ratio null: lr)
+// out[i] = LARS trust ratio of segment i (offsets/counts in device memory), as the CPU backend.
+void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
+                 float trust, float wd, float eps, float* out, cudaStream_t s);
 
 // Batch norm over [M, C] (channels last). Scratch layout is the caller's (see cuda_backend.cpp).
 // One pass over x for both moments, shifted by shift[c] (the running mean: close to the batch

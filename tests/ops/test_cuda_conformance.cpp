@@ -532,7 +532,8 @@ TEST(CudaTraining, OneHostSyncPerOptimizerStep) {
   const Case cases[] = {
       {{.devices = "cuda:0", .accumulation = 2}, "1 GPU, accumulation 2"},
       {{.devices = "cuda:0", .activations = DType::f16, .clip_grad_norm = 0.5}, "1 GPU, fp16 scaler, clipping"},
-      {{.devices = "cuda:0,0", .activations = DType::bf16, .sync_bn = true, .adamw = true, .grad_wire = DType::f16},
+      {{.devices = "cuda:0", .optimizer = "lars"}, "1 GPU, LARS"},
+      {{.devices = "cuda:0,0", .activations = DType::bf16, .sync_bn = true, .optimizer = "adamw", .grad_wire = DType::f16},
        "2 replicas on one GPU, bf16, sync-BN, AdamW, fp16 wire"},
   };
   for (const auto& c : cases) {

@@ -24,7 +24,7 @@ struct SyncProbe {
   int accumulation = 2;
   DType activations = DType::f32;  // f16: with a dynamic loss scaler
   bool sync_bn = false;
-  bool adamw = false;
+  std::string optimizer = "sgd";  // sgd, adamw or lars
   double clip_grad_norm = 0;
   DType grad_wire = DType::f32;
 };
@@ -39,7 +39,10 @@ inline std::vector<int64_t> host_syncs_per_step(const SyncProbe& p) {
     auto model = models::make_resnet({.arch = "resnet20", .height = 8, .width = 8, .base_width = 4});
     model->materialize(rep.pool(), 1, p.activations);
     std::unique_ptr<optim::Optimizer> opt;
-    if (p.adamw) opt = std::make_unique<optim::AdamW>(model->registry(), model->num_params(), rep.pool(), optim::AdamWOptions{});
+    if (p.optimizer == "adamw")
+      opt = std::make_unique<optim::AdamW>(model->registry(), model->num_params(), rep.pool(), optim::AdamWOptions{});
+    else if (p.optimizer == "lars")
+      opt = std::make_unique<optim::Lars>(model->registry(), model->num_params(), rep.pool(), optim::LarsOptions{});
     else opt = std::make_unique<optim::Sgd>(model->registry(), model->num_params(), rep.pool(), optim::SgdOptions{.momentum = 0.9f});
     optim::DynamicLossScaler scaler({.init_scale = 1024.f});
     train::StepOptions so{.accumulation = p.accumulation, .micro_batch = 4, .sync_bn = p.sync_bn,

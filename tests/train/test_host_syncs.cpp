@@ -1,5 +1,5 @@
 // The training step's host synchronisation budget: one per optimizer step, whatever the replica
-// count, accumulation, precision, sync-BN, clipping, optimizer or wire dtype (the loss, accuracy,
+// count, accumulation, precision, sync-BN, clipping, optimizer (SGD, AdamW, LARS) or wire dtype (the loss, accuracy,
 // finite check, grad norm and stop vote are read in one copy). The counter is the backend's
 // (ops::host_syncs_on_this_thread), kept by the CPU backend exactly as by the CUDA one, so this
 // CPU test holds the GPU path's design; the GPU twin is in tests/ops/test_cuda_conformance.cpp.
@@ -26,9 +26,10 @@ TEST(HostSyncs, OnePerOptimizerStep) {
   expect_one_per_step({.devices = "cpu:2", .accumulation = 2}, "2 replicas, accumulation 2");
   expect_one_per_step({.devices = "cpu:2", .activations = DType::f16, .clip_grad_norm = 0.5},
                       "fp16 with a loss scaler and clipping");
-  expect_one_per_step({.devices = "cpu:2", .activations = DType::bf16, .sync_bn = true, .adamw = true,
+  expect_one_per_step({.devices = "cpu:2", .activations = DType::bf16, .sync_bn = true, .optimizer = "adamw",
                        .grad_wire = DType::f16},
                       "bf16, sync-BN, AdamW, fp16 wire");
+  expect_one_per_step({.devices = "cpu:2", .optimizer = "lars"}, "LARS (its trust ratios stay on the device)");
 }
 
 // The counter itself: every call that hands a value to the host counts, so the test above fails
