@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device_guard.h"
@@ -124,18 +127,53 @@ class PinnedUpstream : public Upstream {
   std::string name() const override { return "pinned host"; }
 };
 
+// The events a stream recorded and its users have released, kept for the next record(): a
+// micro-step records two (the input stager's), and creating each anew is a driver call per use.
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool() {
+    DeviceGuard g(device_);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    DeviceGuard g(device_);  // an event belongs to its stream's device
+    cudaEvent_t e{};
+    REPLICA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void give(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(m_);
+    free_.push_back(e);
+  }
+
+ private:
+  int device_;
+  std::mutex m_;
+  std::vector<cudaEvent_t> free_;
+};
+
 class CudaEvent : public Event {
  public:
-  CudaEvent() { REPLICA_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  ~CudaEvent() override { cudaEventDestroy(e_); }
+  explicit CudaEvent(std::shared_ptr<EventPool> pool) : pool_(std::move(pool)), e_(pool_->take()) {}
+  ~CudaEvent() override { pool_->give(e_); }
   void synchronize() override { REPLICA_CUDA_CHECK(cudaEventSynchronize(e_)); }
   bool done() override { return cudaEventQuery(e_) == cudaSuccess; }
+  std::shared_ptr<EventPool> pool_;  // outlives the event's stream when a user holds the event longer
   cudaEvent_t e_{};
 };
 
 class CudaStream : public Stream {
  public:
-  explicit CudaStream(Device d) : device_(d) {
+  explicit CudaStream(Device d) : device_(d), events_(std::make_shared<EventPool>(d.index)) {
     DeviceGuard g(d.index);
     REPLICA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
   }
@@ -146,8 +184,8 @@ class CudaStream : public Stream {
   const Device& device() const override { return device_; }
   void synchronize() override { REPLICA_CUDA_CHECK(cudaStreamSynchronize(s_)); }
   std::shared_ptr<Event> record() override {
-    DeviceGuard g(device_.index);  // an event must be created on its stream's device
-    auto e = std::make_shared<CudaEvent>();
+    DeviceGuard g(device_.index);  // an event is recorded on its stream's device
+    auto e = std::make_shared<CudaEvent>(events_);
     REPLICA_CUDA_CHECK(cudaEventRecord(e->e_, s_));
     return e;
   }
@@ -160,6 +198,7 @@ class CudaStream : public Stream {
  private:
   Device device_;
   cudaStream_t s_{};
+  std::shared_ptr<EventPool> events_;
 };
 }  // namespace
 
