@@ -17,7 +17,7 @@
 #include "core/memory/options.h"
 #include "core/memory/resource.h"
 #include "core/memory/step_plan_resource.h"
-#include "core/node_arena.h"
+#include "core/slab.h"
 #include "core/ptr_map.h"
 #include "core/stream.h"
 #include "core/units.h"

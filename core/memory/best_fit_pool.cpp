@@ -1,16 +1,15 @@
-// BestFitPool. Free blocks live in size bins (powers of two of 256 B), each an ordered set by
-// (size, address), so best-fit is a lower_bound in one bin plus a scan of at most kBins bin
-// heads: O(log n). Freed blocks merge with free neighbours at once, so a pool whose allocations
-// are all freed is one block per region again.
+// BestFitPool. Free blocks live in two-level size classes (see the header), each an unsorted
+// list. A request takes the smallest block that fits from its own class (whose blocks may be a
+// little smaller or larger than it), else the first usable block of the next class that has
+// one: every block there fits, and is at most 1/16 larger than that class's smallest size.
+// So a free block that fits is always found (no false out-of-memory), and a search is a list
+// scan of one class plus a few bitmap words. Freed blocks merge with free neighbours at once,
+// so a pool whose allocations are all freed is one block per region again.
 #include "core/memory/best_fit_pool.h"
 
 #include <algorithm>
 
 namespace replica {
-
-bool BestFitPool::BySize::operator()(const Block* a, const Block* b) const {
-  return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
-}
 
 size_t GrowthPolicy::next_region(size_t need, size_t available) {
   size_t bytes = std::min(std::max(next_, need), available) & ~(kMemoryGranularity - 1);
@@ -19,7 +18,6 @@ size_t GrowthPolicy::next_region(size_t need, size_t available) {
 
 BestFitPool::BestFitPool(Upstream* upstream, std::unique_ptr<RegionPolicy> policy)
     : upstream_(upstream), policy_(std::move(policy)) {
-  for (int b = 0; b < kBins; ++b) bins_.emplace_back(BySize(), detail::NodeAllocator<Block*>(arena_.get()));
   first_size_ = policy_->first_region(upstream_->available()) & ~(kMemoryGranularity - 1);
   if (first_size_ && !add_region(first_size_)) first_failed_ = true;
 }
@@ -28,10 +26,23 @@ BestFitPool::~BestFitPool() {
   for (auto& [p, n] : regions_) upstream_->deallocate(p, n);
 }
 
-int BestFitPool::bin_of(size_t size) {
+int BestFitPool::class_of(size_t size) {
   const size_t units = size / kMemoryGranularity;
-  const int b = 63 - __builtin_clzll(units | 1);
-  return std::min(b, kBins - 1);
+  if (units < kSub) return static_cast<int>(units);
+  const int level = 63 - __builtin_clzll(units);
+  const int step = static_cast<int>(units >> (level - kSubBits)) & (kSub - 1);
+  return (level - kSubBits + 1) * kSub + step;
+}
+
+int BestFitPool::next_nonempty(int c) const {
+  if (c >= kClasses) return -1;
+  int w = c >> 6;
+  uint64_t bits = nonempty_[w] & (~uint64_t(0) << (c & 63));
+  while (!bits) {
+    if (++w == kWords) return -1;
+    bits = nonempty_[w];
+  }
+  return w * 64 + __builtin_ctzll(bits);
 }
 
 BestFitPool::Block* BestFitPool::new_block() {
@@ -41,15 +52,20 @@ BestFitPool::Block* BestFitPool::new_block() {
 }
 
 void BestFitPool::insert_free(Block* b) {
-  const int bin = bin_of(b->size);
-  b->where = bins_[bin].insert(b).first;
-  nonempty_ |= uint64_t(1) << bin;
+  const int c = class_of(b->size);
+  b->free_prev = nullptr;
+  b->free_next = heads_[c];
+  if (heads_[c]) heads_[c]->free_prev = b;
+  heads_[c] = b;
+  nonempty_[c >> 6] |= uint64_t(1) << (c & 63);
 }
 
 void BestFitPool::erase_free(Block* b) {
-  const int bin = bin_of(b->size);
-  bins_[bin].erase(b->where);
-  if (bins_[bin].empty()) nonempty_ &= ~(uint64_t(1) << bin);
+  const int c = class_of(b->size);
+  if (b->free_prev) b->free_prev->free_next = b->free_next;
+  else heads_[c] = b->free_next;
+  if (b->free_next) b->free_next->free_prev = b->free_prev;
+  if (!heads_[c]) nonempty_[c >> 6] &= ~(uint64_t(1) << (c & 63));
 }
 
 bool BestFitPool::usable_by(Block* b, Stream* stream) {
@@ -73,15 +89,23 @@ void BestFitPool::merge_pending(Block* into, Block* from) {
 }
 
 BestFitPool::Block* BestFitPool::find_best_fit(size_t size, Stream* stream, bool may_wait) {
-  Block key;
-  key.size = size;
-  const uint64_t fits = nonempty_ & ~((uint64_t(1) << bin_of(size)) - 1);
+  const int c = class_of(size);
   Block* pending_fit = nullptr;  // the best fit still in use by another stream's queued work
-  for (uint64_t candidates = fits; candidates; candidates &= candidates - 1) {
-    const int bin = __builtin_ctzll(candidates);
-    for (auto it = bins_[bin].lower_bound(&key); it != bins_[bin].end(); ++it) {
-      if (usable_by(*it, stream)) return *it;  // the first fit in a higher bin is that bin's smallest
-      if (!pending_fit) pending_fit = *it;
+  Block* best = nullptr;
+  for (Block* b = heads_[c]; b; b = b->free_next) {  // its own class: the smallest that fits
+    if (b->size < size || (best && b->size >= best->size)) continue;
+    if (!usable_by(b, stream)) {
+      if (!pending_fit || b->size < pending_fit->size) pending_fit = b;
+      continue;
+    }
+    best = b;
+    if (b->size == size) break;
+  }
+  if (best) return best;
+  for (int k = next_nonempty(c + 1); k >= 0; k = next_nonempty(k + 1)) {
+    for (Block* b = heads_[k]; b; b = b->free_next) {  // larger classes: any block fits
+      if (usable_by(b, stream)) return b;
+      if (!pending_fit) pending_fit = b;
     }
   }
   if (!pending_fit || !may_wait) return nullptr;
@@ -190,8 +214,14 @@ void BestFitPool::record_stream(const Allocation& a, Stream* stream) {
 }
 
 size_t BestFitPool::largest_free_block() const {
-  if (!nonempty_) return 0;
-  return (*bins_[63 - __builtin_clzll(nonempty_)].rbegin())->size;
+  for (int w = kWords - 1; w >= 0; --w) {
+    if (!nonempty_[w]) continue;
+    size_t largest = 0;  // the top class's blocks differ by up to 1/16: look at each
+    for (Block* b = heads_[w * 64 + 63 - __builtin_clzll(nonempty_[w])]; b; b = b->free_next)
+      largest = std::max(largest, b->size);
+    return largest;
+  }
+  return 0;
 }
 
 MemoryInfo BestFitPool::info() const {
@@ -212,7 +242,7 @@ size_t BestFitPool::release_unused() {
   for (size_t i = 0; i < regions_.size();) {
     auto [ptr, n] = regions_[i];
     Block* whole = nullptr;
-    for (auto* b : bins_[bin_of(n)])
+    for (Block* b = heads_[class_of(n)]; b && !whole; b = b->free_next)
       if (b->ptr == ptr && b->size == n) whole = b;
     if (whole) {
       erase_free(whole);

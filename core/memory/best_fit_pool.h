@@ -2,13 +2,13 @@
 // pool_memory_resource over stream_ordered_memory_resource). How it asks its upstream for
 // memory is a RegionPolicy: all of it at once (preallocate, like JAX) or growing regions.
 #pragma once
+#include <array>
 #include <memory>
-#include <set>
 #include <utility>
 #include <vector>
 
 #include "core/memory/resource.h"
-#include "core/node_arena.h"
+#include "core/slab.h"
 
 namespace replica {
 
@@ -76,18 +76,21 @@ class BestFitPool final : public MemoryResource {
   const RegionPolicy& policy() const { return *policy_; }
 
  private:
-  struct Block;
-  struct BySize {
-    bool operator()(const Block* a, const Block* b) const;
-  };
-  using FreeSet = std::set<Block*, BySize, detail::NodeAllocator<Block*>>;
-  struct Block {
+  // Free blocks are kept in size classes, two levels as in TLSF (Masmano et al., 2004): a power
+  // of two of 256-byte units, split into 16 equal steps (below 16 units one class per size).
+  // Each class is an unsorted doubly linked list, and a bitmap says which classes have blocks,
+  // so finding a class is a few bit scans and inserting or removing a block is O(1).
+  static constexpr int kSubBits = 4, kSub = 1 << kSubBits;
+  static constexpr int kClasses = (64 - kSubBits) * kSub;
+  static constexpr int kWords = kClasses / 64;
+  struct alignas(64) Block {  // one cache line: a merge touches three of them
     char* ptr = nullptr;
     size_t size = 0;
     bool free = true;
     Block* prev = nullptr;  // neighbours by address inside one region
     Block* next = nullptr;
-    FreeSet::iterator where;  // its place in its bin while free: erased without a search
+    Block* free_prev = nullptr;  // neighbours in its class's free list while free
+    Block* free_next = nullptr;
     // Stream ordering, only for asynchronous streams (null on CPU: nothing to track).
     struct StreamUse {
       Stream* owner = nullptr;                                          // allocated for
@@ -96,8 +99,9 @@ class BestFitPool final : public MemoryResource {
     };
     std::unique_ptr<StreamUse> streams;
   };
-  static constexpr int kBins = 48;
-  static int bin_of(size_t size);
+  static int class_of(size_t size);
+  // The first class at or above `c` holding a free block; -1 when none.
+  int next_nonempty(int c) const;
   // True when `stream` may take free block b now: every pending event is its own or done.
   static bool usable_by(Block* b, Stream* stream);
   static void merge_pending(Block* into, Block* from);
@@ -115,9 +119,8 @@ class BestFitPool final : public MemoryResource {
 
   Upstream* upstream_;
   std::unique_ptr<RegionPolicy> policy_;
-  std::unique_ptr<detail::NodeArena> arena_ = std::make_unique<detail::NodeArena>();
-  std::vector<FreeSet> bins_;
-  uint64_t nonempty_ = 0;  // bit b set when bins_[b] has a free block: best-fit skips empty bins
+  std::array<Block*, kClasses> heads_{};    // each class's free list
+  std::array<uint64_t, kWords> nonempty_{};  // bit c set when class c has a free block
   std::vector<std::pair<char*, size_t>> regions_;
   detail::Slab<Block> blocks_;
   size_t reserved_ = 0, peak_reserved_ = 0, in_use_ = 0;

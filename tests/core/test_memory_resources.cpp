@@ -127,6 +127,44 @@ TEST(BestFitPool, GrowthDoublesRegionsUpToTheLimitAndReleasesWholeOnes) {
   EXPECT_EQ(up.outstanding(), 0u);
 }
 
+// Size classes split each power of two of 256 B units into 16 steps, so 256..271 units are one
+// class. Holes of 270 and 260 units share it with requests of 258 and 271: the 258 must take the
+// 260 (the smallest that fits, not the first listed), and nothing may refuse a fit that only its
+// own class holds.
+TEST(BestFitPool, TheSmallestFitInTheRequestsOwnSizeClassIsFound) {
+  constexpr size_t U = 256;
+  const size_t sizes[] = {270 * U, 8 * U, 260 * U, 8 * U, 300 * U, 8 * U};
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  LimitedUpstream up(std::make_unique<SimulatedUpstream>(size_t(1) << 40), total);
+  BestFitPool pool(&up, std::make_unique<PreallocatePolicy>());
+  std::vector<std::pair<Allocation, AllocRequest>> blocks;
+  for (size_t n : sizes) {
+    blocks.push_back({pool.allocate(req(n)), req(n)});
+    ASSERT_NE(blocks.back().first.ptr, nullptr);
+  }
+  ASSERT_EQ(pool.allocate(req(U)).ptr, nullptr) << "full";
+  pool.deallocate(blocks[2].first, blocks[2].second);  // the 260 is freed first,
+  pool.deallocate(blocks[0].first, blocks[0].second);  // so the 270 heads the class's list
+  EXPECT_EQ(pool.info().largest_free, 270 * U);
+  auto r258 = req(258 * U);
+  Allocation a = pool.allocate(r258);
+  EXPECT_EQ(a.ptr, blocks[2].first.ptr) << "best fit: the 260-unit hole, not the 270";
+  auto r271 = req(271 * U);
+  EXPECT_EQ(pool.allocate(r271).ptr, nullptr) << "the 270 hole is 1 unit short";
+  auto r270 = req(270 * U);
+  Allocation b = pool.allocate(r270);
+  EXPECT_EQ(b.ptr, blocks[0].first.ptr) << "a fit only its own class holds";
+  // A hole of a larger class fits whatever its size: the 300 takes 271 units, 29 stay free.
+  pool.deallocate(blocks[4].first, blocks[4].second);
+  Allocation c = pool.allocate(r271);
+  EXPECT_EQ(c.ptr, blocks[4].first.ptr);
+  EXPECT_EQ(pool.info().largest_free, 29 * U);
+  for (auto* x : {&a, &b, &c}) pool.deallocate(*x, x == &a ? r258 : x == &b ? r270 : r271);
+  for (int i : {1, 3, 5}) pool.deallocate(blocks[i].first, blocks[i].second);
+  EXPECT_EQ(pool.info().largest_free, total) << "coalesced back to one block";
+}
+
 TEST(BestFitPool, AFreedBlockGoesToAnotherStreamOnlyAfterItsEvent) {
   LimitedUpstream up(std::make_unique<SimulatedUpstream>(size_t(1) << 40), 8 * MiB);
   BestFitPool pool(&up, std::make_unique<PreallocatePolicy>());
