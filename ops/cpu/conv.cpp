@@ -1,6 +1,7 @@
-// CPU convolution on NHWC via im2col + Eigen GEMM, a batch chunk at a time so the column buffer
-// (from the pool, tag workspace) stays cache-sized; chunks spread over the replica's intra-op
-// threads. 1x1 stride-1 unpadded convolutions skip im2col: the input already is the column matrix.
+// CPU convolution on NHWC: the direct kernel (direct_conv.h) where it serves the geometry, else
+// im2col + Eigen GEMM, a batch chunk at a time so the column buffer (from the pool, tag
+// workspace) stays cache-sized; chunks spread over the replica's intra-op threads. 1x1 stride-1
+// unpadded convolutions skip im2col: the input already is the column matrix.
 // 16-bit activations are converted a chunk at a time too (ChunkView).
 #include <Eigen/Core>
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "core/errors.h"
 #include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/direct_conv.h"
 #include "ops/cpu/mixed.h"
 #include "ops/cpu/threads.h"
 
@@ -120,10 +122,11 @@ void for_chunks(int64_t nchunks, int threads, F&& fn) {
 // The chunking every convolution pass shares: chunk size, thread count, and one column buffer per
 // thread (none for the pointwise fast path).
 struct ChunkPlan {
-  ChunkPlan(const ConvGeom& g, MemoryPool& ws)
+  // columns: false for the direct kernels, which need no column buffer.
+  ChunkPlan(const ConvGeom& g, MemoryPool& ws, bool columns = true)
       : RSC(g.R * g.S * g.C), PQ(g.P * g.Q), chunk(chunk_images(g)), nchunks((g.N + chunk - 1) / chunk),
         threads(std::min<int>(intra_op_threads(), static_cast<int>(nchunks))), pointwise(is_pointwise(g)) {
-    for (int t = 0; t < (pointwise ? 0 : threads); ++t)
+    for (int t = 0; t < (pointwise || !columns ? 0 : threads); ++t)
       cols.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(chunk * PQ * RSC) * sizeof(float)));
   }
   float* col(int thread) const { return cols[thread]->p; }
@@ -177,6 +180,96 @@ Tensor filter_f32(const Tensor& w, MemoryPool& ws) {
   return f;
 }
 
+// One zero-padded image per thread for the direct kernels (the border is cleared once); none
+// when there is no padding (the kernel then reads the images in place).
+struct PaddedImages {
+  PaddedImages(const direct::PaddedGeom& pg, int threads, MemoryPool& ws) : pg(pg) {
+    if (!pg.pad) return;
+    for (int t = 0; t < threads; ++t) {
+      bufs.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(pg.floats()) * sizeof(float)));
+      std::memset(bufs.back()->p, 0, static_cast<size_t>(pg.floats()) * sizeof(float));
+    }
+  }
+  // Image `img` (H x W x C) as the kernel reads it.
+  const float* get(const float* img, int thread) {
+    if (!pg.pad) return img;
+    direct::pad_image(img, bufs[thread]->p, pg);
+    return bufs[thread]->p;
+  }
+  const direct::PaddedGeom pg;
+  std::vector<std::unique_ptr<Workspace>> bufs;
+};
+
+// The forward convolution by the direct kernel, a batch chunk per task as the GEMM path.
+void direct_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g, MemoryPool& ws) {
+  const ChunkPlan cp(g, ws, false);
+  const int64_t HWC = g.H * g.W * g.C, PQK = g.P * g.Q * g.K;
+  const Tensor wf = filter_f32(w, ws);
+  Workspace packed(ws, static_cast<size_t>(g.K * cp.RSC) * sizeof(float));
+  direct::pack_forward(wf.data<float>(), packed.p, g);
+  PaddedImages pad({g.H, g.W, g.C, g.pad}, cp.threads, ws);
+  ChunkView X(x, HWC, cp, ws, ChunkView::in), Y(y, PQK, cp, ws, ChunkView::out);
+  for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
+    const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
+    const float* a = X.get(n0, nb, t);
+    float* out = Y.get(n0, nb, t);
+    for (int64_t n = 0; n < nb; ++n)
+      direct::forward_image(pad.get(a + n * HWC, t), pad.pg.Wp(), g.C, packed.p, g.K, g.R, g.S, g.stride, g.P,
+                            g.Q, out + n * PQK);
+    Y.put(n0, nb, t);
+  });
+}
+
+// Stride-1 backward data by the direct kernel: dx is the forward convolution of dy, padded by
+// R - 1 - pad, with the flipped filter whose input and output channels are swapped.
+void direct_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, const ConvGeom& g, MemoryPool& ws) {
+  const ChunkPlan cp(g, ws, false);
+  const int64_t HWC = g.H * g.W * g.C, PQK = g.P * g.Q * g.K;
+  const Tensor wf = filter_f32(w, ws);
+  Workspace packed(ws, static_cast<size_t>(g.K * cp.RSC) * sizeof(float));
+  direct::pack_backward_data(wf.data<float>(), packed.p, g);
+  PaddedImages pad({g.P, g.Q, g.K, g.R - 1 - g.pad}, cp.threads, ws);
+  ChunkView DY(dy, PQK, cp, ws, ChunkView::in), DX(dx, HWC, cp, ws, ChunkView::out);
+  for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
+    const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
+    const float* a = DY.get(n0, nb, t);
+    float* out = DX.get(n0, nb, t);
+    for (int64_t n = 0; n < nb; ++n)
+      direct::forward_image(pad.get(a + n * PQK, t), pad.pg.Wp(), g.K, packed.p, g.C, g.R, g.S, 1, g.H, g.W,
+                            out + n * HWC);
+    DX.put(n0, nb, t);
+  });
+}
+
+// Backward filter by the direct kernel: one RSCK partial per thread (zeroed), each image's
+// gradient accumulated into its thread's, then added to dw in thread order (deterministic for a
+// given thread count, as the GEMM path).
+void direct_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const ConvGeom& g, MemoryPool& ws) {
+  const ChunkPlan cp(g, ws, false);
+  const int64_t HWC = g.H * g.W * g.C, PQK = g.P * g.Q * g.K, KRSC = g.K * cp.RSC;
+  std::vector<std::unique_ptr<Workspace>> partial;
+  for (int t = 0; t < cp.threads; ++t) {
+    partial.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(KRSC) * sizeof(float)));
+    std::memset(partial.back()->p, 0, static_cast<size_t>(KRSC) * sizeof(float));
+  }
+  PaddedImages pad({g.H, g.W, g.C, g.pad}, cp.threads, ws);
+  ChunkView X(x, HWC, cp, ws, ChunkView::in), DY(dy, PQK, cp, ws, ChunkView::in);
+  for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
+    const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
+    const float* a = X.get(n0, nb, t);
+    const float* d = DY.get(n0, nb, t);
+    for (int64_t n = 0; n < nb; ++n)
+      direct::backward_filter_image(pad.get(a + n * HWC, t), pad.pg.Wp(), g.C, d + n * PQK, g.K, g.R, g.S,
+                                    g.stride, g.P, g.Q, partial[t]->p);
+  });
+  float* out = dw.data<float>();
+  for (int t = 0; t < cp.threads; ++t) {
+    const float* part = partial[t]->p;  // RSC x K
+    for (int64_t k = 0; k < g.K; ++k)
+      for (int64_t i = 0; i < cp.RSC; ++i) out[k * cp.RSC + i] += part[i * g.K + k];
+  }
+}
+
 }  // namespace
 
 // Each convolution walks the batch in chunks of whole images: im2col of the chunk into a
@@ -186,6 +279,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
                                 MemoryPool& ws) {
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
+  if (direct::serves_forward(g)) return direct_forward(x, w, y, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   const Tensor wf = filter_f32(w, ws);
@@ -207,6 +301,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
                                       const ConvGeom& g, MemoryPool& ws) {
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
+  if (direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk, HWC = g.H * g.W * g.C;
   const Tensor wf = filter_f32(w, ws);
@@ -237,6 +332,7 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
+  if (direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   const int T = cp.threads;

@@ -1,0 +1,55 @@
+// Direct NHWC convolution on the CPU: a register-blocked kernel (6 output pixels x 16 output
+// channels in 12 AVX2 accumulators) that reads a zero-padded input image and RSCK filters, with
+// no column matrix. It serves the narrow ResNet layers where im2col + GEMM loses to packing
+// (16-64 channels), and stride-1 backward data as the forward convolution of the padded output
+// gradient with the flipped filter; the weight gradient the same way, 6 filter taps x 16 output
+// channels accumulated over the pixels. Chosen at run time: AVX2 and FMA present, K a multiple of 8.
+#pragma once
+#include <cstdint>
+
+#include "ops/backend.h"
+
+namespace replica::ops::direct {
+
+// Whether this CPU runs the kernel (AVX2 + FMA, checked once at run time); REPLICA_DIRECT_CONV=0
+// turns it off (the im2col path then serves every convolution).
+bool available();
+// Turns the kernels on or off for the whole process (tests and benchmarks compare both paths);
+// returns whether they were available before.
+bool set_enabled(bool on);
+
+// The forward convolution of one geometry, direct: output channels a multiple of 8.
+bool serves_forward(const ConvGeom& g);
+// Backward data as a forward convolution: stride 1, square filter, pad < R, input channels a
+// multiple of 8.
+bool serves_backward_data(const ConvGeom& g);
+
+// Backward filter: output channels a multiple of 8, at most 64 channels in and out (where it was
+// measured faster than the GEMM), any stride and padding.
+bool serves_backward_filter(const ConvGeom& g);
+
+// Filters, KRSC in: RSCK for the forward pass; for backward data w'[r][s][k][c] =
+// w[k][R-1-r][S-1-s][c] (flipped, channels swapped), so backward data is forward_image with
+// C' = K, K' = C.
+void pack_forward(const float* w_krsc, float* out, const ConvGeom& g);
+void pack_backward_data(const float* w_krsc, float* out, const ConvGeom& g);
+
+// A zero-padded image buffer: the border is cleared once, each image then fills the interior.
+struct PaddedGeom {
+  int64_t H, W, C, pad;
+  int64_t Hp() const { return H + 2 * pad; }
+  int64_t Wp() const { return W + 2 * pad; }
+  int64_t floats() const { return Hp() * Wp() * C; }
+};
+void pad_image(const float* x, float* padded, const PaddedGeom& pg);
+
+// One image: xpad (Hp x Wp x C, zero border), w (R x S x C x K), y (P x Q x K), overwritten.
+void forward_image(const float* xpad, int64_t Wp, int64_t C, const float* w_rsck, int64_t K, int64_t R,
+                   int64_t S, int64_t stride, int64_t P, int64_t Q, float* y);
+
+// One image's weight gradient: dw (R x S x C x K) += sum over the P x Q output pixels of the
+// input taps (xpad as for forward_image) times dy (P x Q x K).
+void backward_filter_image(const float* xpad, int64_t Wp, int64_t C, const float* dy, int64_t K, int64_t R,
+                           int64_t S, int64_t stride, int64_t P, int64_t Q, float* dw_rsck);
+
+}  // namespace replica::ops::direct

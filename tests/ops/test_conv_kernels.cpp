@@ -1,0 +1,190 @@
+// The CPU convolution kernels against a double-precision reference: the direct NHWC kernels
+// (ops/cpu/direct_conv.h) and the im2col + GEMM path, on geometries that reach every remainder
+// of the direct kernels (pixels mod 6, taps mod 6, K = 16 m + 8), strides, paddings, 1x1 and
+// 5x5 filters, and the ResNet-20 layer shapes; forward, backward data and backward filter (+=).
+// The error bound is relative to the sum of |terms| of each output, as f32 accumulation allows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/cpu/direct_conv.h"
+#include "support/layer_harness.h"
+
+using namespace replica;
+
+namespace {
+
+struct Geom {
+  int64_t N, H, W, C, K, R, stride, pad;
+};
+
+std::string name_of(const Geom& c) {
+  return std::to_string(c.N) + "x" + std::to_string(c.H) + "x" + std::to_string(c.W) + "x" + std::to_string(c.C) +
+         "_to" + std::to_string(c.K) + "_k" + std::to_string(c.R) + "s" + std::to_string(c.stride) + "p" +
+         std::to_string(c.pad);
+}
+
+// Reference sums in double with the sum of |terms| beside each, for the error bound.
+struct Reference {
+  std::vector<double> y, y_abs, dx, dx_abs, dw, dw_abs;
+};
+
+Reference reference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& dy,
+                    const std::vector<float>& dw0, const ops::ConvGeom& g) {
+  Reference ref;
+  ref.y.assign(g.N * g.P * g.Q * g.K, 0);
+  ref.y_abs = ref.y;
+  ref.dx.assign(g.N * g.H * g.W * g.C, 0);
+  ref.dx_abs = ref.dx;
+  ref.dw.assign(dw0.begin(), dw0.end());
+  ref.dw_abs.assign(dw0.size(), 0);
+  for (size_t i = 0; i < dw0.size(); ++i) ref.dw_abs[i] = std::abs(dw0[i]);
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t p = 0; p < g.P; ++p)
+      for (int64_t q = 0; q < g.Q; ++q)
+        for (int64_t r = 0; r < g.R; ++r)
+          for (int64_t s = 0; s < g.S; ++s) {
+            const int64_t h = p * g.stride - g.pad + r, v = q * g.stride - g.pad + s;
+            if (h < 0 || h >= g.H || v < 0 || v >= g.W) continue;
+            for (int64_t k = 0; k < g.K; ++k) {
+              const int64_t yi = ((n * g.P + p) * g.Q + q) * g.K + k;
+              for (int64_t c = 0; c < g.C; ++c) {
+                const int64_t xi = ((n * g.H + h) * g.W + v) * g.C + c, wi = ((k * g.R + r) * g.S + s) * g.C + c;
+                ref.y[yi] += double(x[xi]) * w[wi];
+                ref.y_abs[yi] += std::abs(double(x[xi]) * w[wi]);
+                ref.dx[xi] += double(dy[yi]) * w[wi];
+                ref.dx_abs[xi] += std::abs(double(dy[yi]) * w[wi]);
+                ref.dw[wi] += double(dy[yi]) * x[xi];
+                ref.dw_abs[wi] += std::abs(double(dy[yi]) * x[xi]);
+              }
+            }
+          }
+  return ref;
+}
+
+// The largest |got - want| / (sum of |terms| + tiny) over one output.
+double worst(const Tensor& got, const std::vector<double>& want, const std::vector<double>& abs_sum) {
+  double e = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    e = std::max(e, std::abs(got.data<float>()[i] - want[i]) / (abs_sum[i] + 1e-30));
+  return e;
+}
+
+std::vector<float> random_values(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& f : v) f = d(rng);
+  return v;
+}
+
+Tensor tensor_of(MemoryPool& pool, const std::vector<float>& v, Shape s) {
+  Tensor t = Tensor::empty(pool, s, DType::f32, MemTag::activations);
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+// f32 accumulation of up to a few hundred terms: a few ulps of the sum of |terms|.
+constexpr double kTol = 2e-6;  // measured: at most 2.2e-7 on every case
+
+class ConvKernels : public ::testing::TestWithParam<std::tuple<Geom, bool>> {
+ protected:
+  void TearDown() override { ops::direct::set_enabled(true); }
+};
+
+TEST_P(ConvKernels, MatchDoublePrecision) {
+  const auto [c, use_direct] = GetParam();
+  const bool had = ops::direct::set_enabled(use_direct);
+  if (use_direct && !had) GTEST_SKIP() << "this CPU has no AVX2/FMA: the direct kernels do not run";
+  auto pool = replica::testing::test_pool();
+  auto& be = ops::backend_for(pool->device());
+  const auto g = ops::ConvGeom::make({c.N, c.H, c.W, c.C}, c.K, c.R, c.R, c.stride, c.pad, "test");
+  std::mt19937 rng(7);
+  const auto x = random_values(g.N * g.H * g.W * g.C, rng), w = random_values(g.K * g.R * g.S * g.C, rng),
+             dy = random_values(g.N * g.P * g.Q * g.K, rng), dw0 = random_values(w.size(), rng);
+  const Reference ref = reference(x, w, dy, dw0, g);
+  Tensor X = tensor_of(*pool, x, {g.N, g.H, g.W, g.C}), Wt = tensor_of(*pool, w, {g.K, g.R, g.S, g.C});
+  Tensor DY = tensor_of(*pool, dy, {g.N, g.P, g.Q, g.K}), DW = tensor_of(*pool, dw0, {g.K, g.R, g.S, g.C});
+  Tensor Y = Tensor::empty(*pool, {g.N, g.P, g.Q, g.K}, DType::f32, MemTag::activations);
+  Tensor DX = Tensor::empty(*pool, {g.N, g.H, g.W, g.C}, DType::f32, MemTag::activations);
+  be.conv2d_forward(X, Wt, Y, g, *pool);
+  be.conv2d_backward_data(DY, Wt, DX, g, *pool);
+  be.conv2d_backward_filter(X, DY, DW, g, *pool);
+  const double ey = worst(Y, ref.y, ref.y_abs), edx = worst(DX, ref.dx, ref.dx_abs),
+               edw = worst(DW, ref.dw, ref.dw_abs);
+  EXPECT_LT(ey, kTol) << "forward";
+  EXPECT_LT(edx, kTol) << "backward data";
+  EXPECT_LT(edw, kTol) << "backward filter (+= onto a random gradient)";
+  const bool d = use_direct;
+  std::printf("%-28s %s  fwd %.1e (%s)  bwd-data %.1e (%s)  bwd-filter %.1e (%s)\n", name_of(c).c_str(),
+              d ? "direct-capable" : "im2col", ey, d && ops::direct::serves_forward(g) ? "direct" : "im2col", edx,
+              d && ops::direct::serves_backward_data(g) ? "direct" : "im2col", edw,
+              d && ops::direct::serves_backward_filter(g) ? "direct" : "im2col");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ConvKernels,
+    ::testing::Combine(::testing::Values(Geom{2, 7, 9, 16, 16, 3, 1, 1},   // 63 pixels: a block of 3
+                                         Geom{2, 5, 5, 8, 24, 3, 1, 1},    // K = 16 + 8
+                                         Geom{3, 6, 7, 1, 16, 3, 1, 1},    // one input channel (stem)
+                                         Geom{2, 9, 8, 16, 32, 3, 2, 1},   // stride 2
+                                         Geom{2, 8, 8, 16, 32, 1, 2, 0},   // 1x1 stride 2 (shortcut)
+                                         Geom{2, 6, 6, 8, 8, 1, 1, 0},     // pointwise
+                                         Geom{2, 9, 9, 8, 16, 5, 1, 2},    // 5x5
+                                         Geom{1, 11, 11, 3, 8, 7, 2, 3},   // 7x7 stride 2, 3 channels
+                                         Geom{2, 6, 5, 24, 40, 3, 1, 0},   // no padding: dy padded by 2
+                                         Geom{2, 28, 28, 16, 16, 3, 1, 1},  // ResNet-20 stage 1
+                                         Geom{2, 14, 14, 32, 32, 3, 1, 1},  // stage 2
+                                         Geom{2, 7, 7, 64, 64, 3, 1, 1}),   // stage 3
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<Geom, bool>>& i) {
+      return name_of(std::get<0>(i.param)) + (std::get<1>(i.param) ? "_direct" : "_im2col");
+    });
+
+// 16-bit activations reach the direct kernels a chunk at a time (converted to f32 and back):
+// the result must be the f32 result of the same rounded inputs, rounded once.
+TEST(ConvKernels16, DirectAndIm2colAgreeOnBf16AndF16) {
+  if (!ops::direct::set_enabled(true)) GTEST_SKIP() << "no AVX2/FMA: the direct kernels do not run";
+  auto pool = replica::testing::test_pool();
+  auto& be = ops::backend_for(pool->device());
+  const auto g = ops::ConvGeom::make({3, 10, 10, 16}, 24, 3, 3, 1, 1, "test");
+  for (DType dt : {DType::bf16, DType::f16}) {
+    std::mt19937 rng(9);
+    auto half = [&](std::vector<float> v, Shape s) {
+      Tensor t = Tensor::empty(*pool, s, dt, MemTag::activations);
+      convert(v.data(), DType::f32, t.raw(), dt, v.size());
+      return t;
+    };
+    Tensor X = half(random_values(g.N * g.H * g.W * g.C, rng), {g.N, g.H, g.W, g.C});
+    Tensor Wt = half(random_values(g.K * g.R * g.S * g.C, rng), {g.K, g.R, g.S, g.C});
+    Tensor DY = half(random_values(g.N * g.P * g.Q * g.K, rng), {g.N, g.P, g.Q, g.K});
+    std::vector<std::vector<float>> out[2];
+    for (int path = 0; path < 2; ++path) {
+      ops::direct::set_enabled(path == 0);
+      Tensor Y = Tensor::empty(*pool, {g.N, g.P, g.Q, g.K}, dt, MemTag::activations);
+      Tensor DX = Tensor::empty(*pool, {g.N, g.H, g.W, g.C}, dt, MemTag::activations);
+      Tensor DW = Tensor::zeros(*pool, {g.K, g.R, g.S, g.C}, DType::f32, MemTag::grads);
+      be.conv2d_forward(X, Wt, Y, g, *pool);
+      be.conv2d_backward_data(DY, Wt, DX, g, *pool);
+      be.conv2d_backward_filter(X, DY, DW, g, *pool);
+      for (const Tensor* t : {&Y, &DX, &DW}) {
+        std::vector<float> v(t->numel());
+        convert(t->raw(), t->dtype(), v.data(), DType::f32, v.size());
+        out[path].push_back(v);
+      }
+    }
+    ops::direct::set_enabled(true);
+    const double ulp = dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;  // 2 ulps of a 16-bit output
+    const char* what[] = {"forward", "backward data", "backward filter (f32)"};
+    for (int o = 0; o < 3; ++o)
+      for (size_t i = 0; i < out[0][o].size(); ++i) {
+        const double a = out[0][o][i], b = out[1][o][i];
+        ASSERT_LE(std::abs(a - b), (o == 2 ? 1e-4 : ulp) * std::max(1.0, std::abs(b)))
+            << what[o] << " " << dtype_name(dt) << " element " << i;
+      }
+  }
+}
+
+}  // namespace
