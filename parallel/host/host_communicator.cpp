@@ -240,6 +240,9 @@ class HostCommunicator : public Communicator {
       case Kind::all_reduce: {
         if ((s.dtype == DType::i32 || s.dtype == DType::u8))
           throw CommError("all_reduce: " + std::string(dtype_name(s.dtype)) + " is not reducible; use f32, f16 or bf16");
+        // One rank in place (a process's only replica under MPI): the input is the result, and
+        // the block loop below would cost a full read and write of the message.
+        if (R == 1 && s.send == s.recv) return;
         // Rank r owns slice r of the message: it reads that slice of every rank's input, reduces
         // it a block at a time (the block stays in L1), and writes the result into that slice of
         // every rank's output. Slice r of any buffer is touched by rank r alone, so an in-place

@@ -1,5 +1,6 @@
 // MpiCommunicator: composition of the in-process host communicator and MPI calls made by each
-// process's leader (local replica 0), under MPI_THREAD_SERIALIZED. Collectives are non-blocking
+// process's leader (local replica 0), under MPI_THREAD_SERIALIZED. When every process is on one
+// machine, f32 all-reduces between leaders go through a shared window (NodeAllReduce) instead. Collectives are non-blocking
 // MPI calls polled with a time-out, so a dead peer turns into an abort with a message, not a hang.
 #include "parallel/mpi/mpi_communicator.h"
 
@@ -18,6 +19,7 @@
 #include "core/errors.h"
 #include "parallel/collective_queue.h"
 #include "parallel/host/host_communicator.h"
+#include "parallel/mpi/node_shared_memory.h"
 
 namespace replica::parallel {
 
@@ -183,7 +185,10 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator(std::unique_ptr<Communicator> local, int local_index, int local_count, MpiProcess proc,
                   MpiCommOptions o)
       : local_(std::move(local)), li_(local_index), lc_(local_count), proc_(proc), o_(o) {
-    if (li_ == 0 && proc_.size > 1) arrivals_ = std::make_unique<Arrivals>(proc_);
+    if (li_ == 0 && proc_.size > 1) {
+      arrivals_ = std::make_unique<Arrivals>(proc_);
+      node_ = NodeAllReduce::create(MPI_COMM_WORLD, o_.timeout, lc_);
+    }
   }
 
   int rank() const override { return proc_.rank * lc_ + li_; }
@@ -226,10 +231,19 @@ class MpiCommunicator : public Communicator {
       const bool max = op == ReduceOp::max;
       local_->all_reduce(p, n, DType::f32, max ? ReduceOp::max : ReduceOp::sum);
       if (li_ == 0 && proc_.size > 1) {
-        MPI_Request req;
         start();
-        MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(n), mpi_float(), max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD, &req);
-        wait(req, "all_reduce");
+        if (node_) {
+          try {
+            node_->all_reduce(p, n, max, "all_reduce (collective #" + std::to_string(seq_) + ")");
+          } catch (const CommError& e) {
+            abort_mpi_job("global rank " + std::to_string(rank()) + ": " + e.what());
+          }
+        } else {
+          MPI_Request req;
+          MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(n), mpi_float(), max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD,
+                         &req);
+          wait(req, "all_reduce");
+        }
       }
       local_->broadcast(p, n, DType::f32, 0);
       if (op == ReduceOp::avg)
@@ -346,6 +360,7 @@ class MpiCommunicator : public Communicator {
   MpiCommOptions o_;
   long long seq_ = 0;                  // MPI collectives this leader has started
   std::unique_ptr<Arrivals> arrivals_;  // leaders of multi-process jobs only
+  std::unique_ptr<NodeAllReduce> node_;  // leaders of a job whose processes share one machine
   CollectiveQueue queue_;  // last: its worker may run collectives that use the members above
 };
 

@@ -1,0 +1,136 @@
+// NodeAllReduce (see the header).
+#include "parallel/mpi/node_shared_memory.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/env.h"
+#include "core/errors.h"
+
+namespace replica::parallel {
+
+namespace {
+constexpr size_t kHeader = 64;  // the barrier counter, alone in its cache line
+constexpr size_t kSegment = kHeader + 2 * NodeAllReduce::kChunkFloats * sizeof(float);
+
+unsigned long long load(unsigned long long* c) {
+  return std::atomic_ref<unsigned long long>(*c).load(std::memory_order_acquire);
+}
+}  // namespace
+
+std::unique_ptr<NodeAllReduce> NodeAllReduce::create(MPI_Comm world, std::chrono::milliseconds timeout,
+                                                     int local_replicas) {
+  const char* env = std::getenv("REPLICA_MPI_SHM");
+  const bool off = env && *env && !env_flag("REPLICA_MPI_SHM");
+  int world_size = 0, node_size = 0, rank = 0;
+  MPI_Comm_size(world, &world_size);
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);  // key 0: world order
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_rank(node, &rank);
+  // Every process must take the same branch: a job on several nodes sees a node smaller than the
+  // world everywhere, but REPLICA_MPI_SHM may differ between processes, so agree on it.
+  int all_local = node_size == world_size && !off, agreed = 0;
+  MPI_Allreduce(&all_local, &agreed, 1, MPI_INT, MPI_MIN, world);
+  if (!agreed) {
+    MPI_Comm_free(&node);
+    return nullptr;
+  }
+  void* base = nullptr;
+  MPI_Win win;
+  if (MPI_Win_allocate_shared(static_cast<MPI_Aint>(kSegment), 1, MPI_INFO_NULL, node, &base, &win) != MPI_SUCCESS)
+    throw CommError("MPI: MPI_Win_allocate_shared of " + std::to_string(kSegment) + " bytes failed");
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, win);  // passive target for the whole lifetime (unified model)
+  std::memset(base, 0, kHeader);
+  MPI_Win_sync(win);
+  MPI_Barrier(node);  // every counter is zero before anyone reads one
+  return std::unique_ptr<NodeAllReduce>(new NodeAllReduce(node, win, rank, node_size, timeout, local_replicas));
+}
+
+NodeAllReduce::NodeAllReduce(MPI_Comm node, MPI_Win win, int rank, int size, std::chrono::milliseconds timeout,
+                             int local)
+    : node_(node), win_(win), rank_(rank), size_(size), local_(local), timeout_(timeout) {
+  for (int q = 0; q < size_; ++q) {
+    MPI_Aint bytes = 0;
+    int unit = 0;
+    void* p = nullptr;
+    MPI_Win_shared_query(win_, q, &bytes, &unit, &p);
+    char* c = static_cast<char*>(p);
+    auto* f = reinterpret_cast<float*>(c + kHeader);
+    seg_.push_back({reinterpret_cast<unsigned long long*>(c), {f, f + kChunkFloats}});
+  }
+}
+
+NodeAllReduce::~NodeAllReduce() {
+  MPI_Win_unlock_all(win_);
+  MPI_Win_free(&win_);
+  MPI_Comm_free(&node_);
+}
+
+void NodeAllReduce::barrier(const std::string& what) {
+  ++barriers_;
+  std::atomic_ref<unsigned long long>(*seg_[rank_].counter).store(barriers_, std::memory_order_release);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int q = 0; q < size_; ++q) {
+    for (unsigned spin = 0; load(seg_[q].counter) < barriers_; ++spin) {
+      if ((spin & 1023) != 1023) continue;
+      std::this_thread::yield();  // 2 processes on 2 cores: let the one we wait for run
+      if (std::chrono::steady_clock::now() - t0 <= timeout_) continue;
+      std::string who;  // node rank = world rank: the job is on this node alone
+      for (int r = 0; r < size_; ++r) {
+        if (load(seg_[r].counter) >= barriers_) continue;
+        const int lo = r * local_, hi = lo + local_ - 1;
+        who += std::string(who.empty() ? "" : "; ") + "process " + std::to_string(r) + " (global rank" +
+               (lo == hi ? " " + std::to_string(lo) : "s " + std::to_string(lo) + "-" + std::to_string(hi)) +
+               ") never reached it (its last was barrier #" + std::to_string(load(seg_[r].counter)) + ")";
+      }
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", timeout_.count() / 1000.0);
+      throw CommError("shared-memory " + what + ": timed out after " + secs + " s at barrier #" +
+                      std::to_string(barriers_) + " waiting for another process: " + who + " (stopped, dead, or stuck in other work)");
+    }
+  }
+}
+
+void NodeAllReduce::reduce_slice(int h, size_t lo, size_t hi, float* out, bool max) {
+  constexpr size_t kBlock = 512;  // an L1-resident accumulator; the loops below vectorise
+  float acc[kBlock];
+  float* mine = seg_[rank_].half[h];
+  for (size_t b = lo; b < hi; b += kBlock) {
+    const size_t m = std::min(kBlock, hi - b);
+    const float* s0 = seg_[0].half[h] + b;
+    for (size_t i = 0; i < m; ++i) acc[i] = s0[i];
+    for (int q = 1; q < size_; ++q) {  // rank order: the same bits on every process
+      const float* s = seg_[q].half[h] + b;
+      if (max)
+        for (size_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], s[i]);
+      else
+        for (size_t i = 0; i < m; ++i) acc[i] += s[i];
+    }
+    std::memcpy(mine + b, acc, m * sizeof(float));
+    std::memcpy(out + b, acc, m * sizeof(float));
+  }
+}
+
+void NodeAllReduce::all_reduce(float* d, size_t n, bool max, const std::string& what) {
+  for (size_t off = 0; off < n; off += kChunkFloats) {
+    const size_t m = std::min(kChunkFloats, n - off);
+    const int h = static_cast<int>(chunks_++ & 1);  // this half was last read two barriers ago
+    std::memcpy(seg_[rank_].half[h], d + off, m * sizeof(float));
+    barrier(what);
+    auto slice = [&](int q) { return std::pair<size_t, size_t>{m * q / size_, m * (q + 1) / size_}; };
+    const auto [lo, hi] = slice(rank_);
+    reduce_slice(h, lo, hi, d + off, max);
+    barrier(what);
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      const auto [a, b] = slice(q);
+      std::memcpy(d + off + a, seg_[q].half[h] + a, (b - a) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace replica::parallel
