@@ -5,11 +5,40 @@
 
 #include "core/errors.h"
 
-#if defined(__F16C__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
+#define REPLICA_F16C_DISPATCH 1
 #endif
 
 namespace replica {
+
+#ifdef REPLICA_F16C_DISPATCH
+namespace {
+// f16 <-> f32 by the F16C instructions, compiled for them whatever -march says and entered only
+// when the CPU has them (checked once at run time); the scalar loops below are the fallback and
+// finish the tail. The hardware rounds to nearest even, as float_to_half does (tested).
+bool has_f16c() {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && __builtin_cpu_supports("avx");
+  }();
+  return yes;
+}
+__attribute__((target("avx,f16c"))) size_t f32_to_f16_f16c(const float* s, Half* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  return i;
+}
+__attribute__((target("avx,f16c"))) size_t f16_to_f32_f16c(const Half* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  return i;
+}
+}  // namespace
+#endif
 
 size_t dtype_size(DType t) {
   switch (t) {
@@ -77,11 +106,8 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* s = static_cast<const float*>(src);
     auto* d = static_cast<Half*>(dst);
     size_t i = 0;
-#if defined(__F16C__)
-    // The hardware conversion rounds to nearest even, as float_to_half does (tested).
-    for (; i + 8 <= n; i += 8)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                       _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#ifdef REPLICA_F16C_DISPATCH
+    if (has_f16c()) i = f32_to_f16_f16c(s, d, n);
 #endif
     for (; i < n; ++i) d[i] = float_to_half(s[i]);
     return;
@@ -90,9 +116,8 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* s = static_cast<const Half*>(src);
     auto* d = static_cast<float*>(dst);
     size_t i = 0;
-#if defined(__F16C__)
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#ifdef REPLICA_F16C_DISPATCH
+    if (has_f16c()) i = f16_to_f32_f16c(s, d, n);
 #endif
     for (; i < n; ++i) d[i] = half_to_float(s[i]);
     return;
