@@ -1,9 +1,10 @@
 // NodeAllReduce: the all-reduce between the MPI processes of one machine through an MPI-3 shared
 // window (MPI_Win_allocate_shared), the way NCCL's and Gloo's shared-memory transports go around
 // the MPI library's own reduction (OpenMPI's reached 0.07-0.21x of the in-process path here).
-// Each process copies a chunk into its segment; after a barrier each reduces its slice of every
-// segment, in rank order (so every process gets the same bits), into its own segment and output;
-// after a second barrier each copies the other slices out. Chunks alternate between two halves of
+// Each process copies into its segment the slices of a chunk that the others reduce; after a
+// barrier each reduces its own slice (its own term read in place, the others' from their
+// segments, in rank order so every process gets the same bits) into its output and its segment;
+// after a second barrier each copies the other slices' results out. Chunks alternate between two halves of
 // each segment, so two barriers per chunk suffice. Barriers are counters in the window, polled
 // with the communicator's time-out: a dead or stuck peer ends in an error that names it.
 #pragma once
@@ -38,9 +39,11 @@ class NodeAllReduce {
  private:
   NodeAllReduce(MPI_Comm node, MPI_Win win, int rank, int size, std::chrono::milliseconds timeout, int local);
   struct Segment {
-    unsigned long long* counter;  // barriers this process has reached
+    unsigned long long* counter;   // barriers this process has reached
+    unsigned long long* shift[2];  // where each half's data starts, in floats from half[h]
     float* half[2];
   };
+  float* data(int q, int h);
   void barrier(const std::string& what);
   void reduce_slice(int h, size_t lo, size_t hi, float* out, bool max);
 
