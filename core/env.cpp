@@ -17,9 +17,11 @@ std::optional<bool> parse_bool_text(const std::string& text) {
   return std::nullopt;
 }
 
-bool env_flag(const char* name) {
+bool env_flag(const char* name) { return env_flag(name, false); }
+
+bool env_flag(const char* name, bool fallback) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return false;
+  if (!v || !*v) return fallback;
   if (auto b = parse_bool_text(v)) return *b;
   throw ConfigError(std::string(name) + "='" + v + "' is not a boolean; use 1 or 0");
 }

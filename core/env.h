@@ -10,5 +10,7 @@ namespace replica {
 std::optional<bool> parse_bool_text(const std::string& text);
 // Unset or empty: false. Otherwise parse_bool_text, or ConfigError naming the variable and value.
 bool env_flag(const char* name);
+// The same, but unset or empty gives `fallback` (a switch that is on unless turned off).
+bool env_flag(const char* name, bool fallback);
 
 }  // namespace replica

@@ -200,45 +200,43 @@ struct PaddedImages {
   std::vector<std::unique_ptr<Workspace>> bufs;
 };
 
-// The forward convolution by the direct kernel, a batch chunk per task as the GEMM path.
-void direct_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g, MemoryPool& ws) {
+// One pass of the direct kernel over the batch, a chunk of images per task as the GEMM path:
+// `in` (images of pg.H x pg.W x pg.C, padded by pg.pad) convolved with the filter `pack` lays out
+// into `out` (images of P x Q x K). The forward pass and stride-1 backward data are both one.
+struct DirectPass {
+  direct::PaddedGeom pg;
+  int64_t K, stride, P, Q;
+  void (*pack)(const float*, float*, const ConvGeom&);
+};
+
+void run_direct(const Tensor& in, const Tensor& w, const Tensor& out, const DirectPass& d, const ConvGeom& g,
+                MemoryPool& ws) {
   const ChunkPlan cp(g, ws, false);
-  const int64_t HWC = g.H * g.W * g.C, PQK = g.P * g.Q * g.K;
+  const int64_t in_image = d.pg.H * d.pg.W * d.pg.C, out_image = d.P * d.Q * d.K;
   const Tensor wf = filter_f32(w, ws);
   Workspace packed(ws, static_cast<size_t>(g.K * cp.RSC) * sizeof(float));
-  direct::pack_forward(wf.data<float>(), packed.p, g);
-  PaddedImages pad({g.H, g.W, g.C, g.pad}, cp.threads, ws);
-  ChunkView X(x, HWC, cp, ws, ChunkView::in), Y(y, PQK, cp, ws, ChunkView::out);
+  d.pack(wf.data<float>(), packed.p, g);
+  PaddedImages pad(d.pg, cp.threads, ws);
+  ChunkView I(in, in_image, cp, ws, ChunkView::in), O(out, out_image, cp, ws, ChunkView::out);
   for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
-    const float* a = X.get(n0, nb, t);
-    float* out = Y.get(n0, nb, t);
+    const float* a = I.get(n0, nb, t);
+    float* o = O.get(n0, nb, t);
     for (int64_t n = 0; n < nb; ++n)
-      direct::forward_image(pad.get(a + n * HWC, t), pad.pg.Wp(), g.C, packed.p, g.K, g.R, g.S, g.stride, g.P,
-                            g.Q, out + n * PQK);
-    Y.put(n0, nb, t);
+      direct::forward_image(pad.get(a + n * in_image, t), d.pg.Wp(), d.pg.C, packed.p, d.K, g.R, g.S, d.stride, d.P,
+                            d.Q, o + n * out_image);
+    O.put(n0, nb, t);
   });
 }
 
-// Stride-1 backward data by the direct kernel: dx is the forward convolution of dy, padded by
-// R - 1 - pad, with the flipped filter whose input and output channels are swapped.
+void direct_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g, MemoryPool& ws) {
+  run_direct(x, w, y, {{g.H, g.W, g.C, g.pad}, g.K, g.stride, g.P, g.Q, direct::pack_forward}, g, ws);
+}
+
+// Stride-1 backward data: dx is the forward convolution of dy, padded by R - 1 - pad, with the
+// flipped filter whose input and output channels are swapped.
 void direct_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, const ConvGeom& g, MemoryPool& ws) {
-  const ChunkPlan cp(g, ws, false);
-  const int64_t HWC = g.H * g.W * g.C, PQK = g.P * g.Q * g.K;
-  const Tensor wf = filter_f32(w, ws);
-  Workspace packed(ws, static_cast<size_t>(g.K * cp.RSC) * sizeof(float));
-  direct::pack_backward_data(wf.data<float>(), packed.p, g);
-  PaddedImages pad({g.P, g.Q, g.K, g.R - 1 - g.pad}, cp.threads, ws);
-  ChunkView DY(dy, PQK, cp, ws, ChunkView::in), DX(dx, HWC, cp, ws, ChunkView::out);
-  for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
-    const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
-    const float* a = DY.get(n0, nb, t);
-    float* out = DX.get(n0, nb, t);
-    for (int64_t n = 0; n < nb; ++n)
-      direct::forward_image(pad.get(a + n * PQK, t), pad.pg.Wp(), g.K, packed.p, g.C, g.R, g.S, 1, g.H, g.W,
-                            out + n * HWC);
-    DX.put(n0, nb, t);
-  });
+  run_direct(dy, w, dx, {{g.P, g.Q, g.K, g.R - 1 - g.pad}, g.C, 1, g.H, g.W, direct::pack_backward_data}, g, ws);
 }
 
 // Backward filter by the direct kernel: one RSCK partial per thread (zeroed), each image's

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/env.h"
@@ -28,8 +27,7 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 std::atomic<bool>& enabled() {
-  static std::atomic<bool> on{!(std::getenv("REPLICA_DIRECT_CONV") && *std::getenv("REPLICA_DIRECT_CONV") &&
-                                !env_flag("REPLICA_DIRECT_CONV"))};
+  static std::atomic<bool> on{env_flag("REPLICA_DIRECT_CONV", true)};
   return on;
 }
 }  // namespace

@@ -1,5 +1,5 @@
 // Direct NHWC convolution on the CPU: a register-blocked kernel (6 output pixels x 16 output
-// channels in 12 AVX2 accumulators) that reads a zero-padded input image and RSCK filters, with
+// channels in 12 AVX2 accumulators) that reads a zero-padded input image and block-packed filters, with
 // no column matrix. It serves the narrow ResNet layers where im2col + GEMM loses to packing
 // (16-64 channels), and stride-1 backward data as the forward convolution of the padded output
 // gradient with the flipped filter; the weight gradient the same way, 6 filter taps x 16 output
@@ -28,7 +28,8 @@ bool serves_backward_data(const ConvGeom& g);
 // measured faster than the GEMM), any stride and padding.
 bool serves_backward_filter(const ConvGeom& g);
 
-// Filters, KRSC in: RSCK for the forward pass; for backward data w'[r][s][k][c] =
+// Filters, KRSC in, out in the kernels' layout: blocks of 16 output channels (the last 8 when
+// K = 16 m + 8), each block's R x S x C taps contiguous. For backward data w'[r][s][k][c] =
 // w[k][R-1-r][S-1-s][c] (flipped, channels swapped), so backward data is forward_image with
 // C' = K, K' = C.
 void pack_forward(const float* w_krsc, float* out, const ConvGeom& g);
@@ -43,7 +44,7 @@ struct PaddedGeom {
 };
 void pad_image(const float* x, float* padded, const PaddedGeom& pg);
 
-// One image: xpad (Hp x Wp x C, zero border), w (R x S x C x K), y (P x Q x K), overwritten.
+// One image: xpad (Hp x Wp x C, zero border), w (packed as above), y (P x Q x K), overwritten.
 void forward_image(const float* xpad, int64_t Wp, int64_t C, const float* w_rsck, int64_t K, int64_t R,
                    int64_t S, int64_t stride, int64_t P, int64_t Q, float* y);
 

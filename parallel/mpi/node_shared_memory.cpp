@@ -29,8 +29,7 @@ unsigned long long load(unsigned long long* c) {
 
 std::unique_ptr<NodeAllReduce> NodeAllReduce::create(MPI_Comm world, std::chrono::milliseconds timeout,
                                                      int local_replicas) {
-  const char* env = std::getenv("REPLICA_MPI_SHM");
-  const bool off = env && *env && !env_flag("REPLICA_MPI_SHM");
+  const bool off = !env_flag("REPLICA_MPI_SHM", true);
   int world_size = 0, node_size = 0, rank = 0;
   MPI_Comm_size(world, &world_size);
   MPI_Comm node;

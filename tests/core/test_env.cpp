@@ -82,5 +82,13 @@ TEST(EnvFlag, OnOffAndMisspellingsNameTheVariable) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("REPLICA_TEST_FLAG='flase'"), std::string::npos) << e.what();
   }
+  // A switch that is on unless turned off (REPLICA_DIRECT_CONV, REPLICA_MPI_SHM).
+  EXPECT_THROW(env_flag(name, true), ConfigError) << "a misspelling is an error whatever the fallback";
+  unsetenv(name);
+  EXPECT_TRUE(env_flag(name, true)) << "unset gives the fallback";
+  setenv(name, "", 1);
+  EXPECT_TRUE(env_flag(name, true)) << "empty gives the fallback";
+  setenv(name, "0", 1);
+  EXPECT_FALSE(env_flag(name, true));
   unsetenv(name);
 }
