@@ -180,24 +180,37 @@ Tensor filter_f32(const Tensor& w, MemoryPool& ws) {
   return f;
 }
 
-// One zero-padded image per thread for the direct kernels (the border is cleared once); none
-// when there is no padding (the kernel then reads the images in place).
-struct PaddedImages {
-  PaddedImages(const direct::PaddedGeom& pg, int threads, MemoryPool& ws) : pg(pg) {
-    if (!pg.pad) return;
-    for (int t = 0; t < threads; ++t) {
-      bufs.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(pg.floats()) * sizeof(float)));
-      std::memset(bufs.back()->p, 0, static_cast<size_t>(pg.floats()) * sizeof(float));
+// An input activation one image at a time as the direct kernels read it: f32 and zero-padded
+// (one buffer per thread, its border cleared once). A 16-bit image is converted straight into
+// the padded buffer row by row, so it is written once and read from cache, not converted into a
+// chunk buffer and copied again. An unpadded f32 image is read in place.
+class KernelImages {
+ public:
+  KernelImages(const Tensor& t, const direct::PaddedGeom& pg, int threads, MemoryPool& ws)
+      : pg(pg), t_(t), image_(pg.H * pg.W * pg.C) {
+    if (!pg.pad && t.dtype() == DType::f32) return;
+    for (int i = 0; i < threads; ++i) {
+      bufs_.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(pg.floats()) * sizeof(float)));
+      if (pg.pad) std::memset(bufs_.back()->p, 0, static_cast<size_t>(pg.floats()) * sizeof(float));
     }
   }
-  // Image `img` (H x W x C) as the kernel reads it.
-  const float* get(const float* img, int thread) {
-    if (!pg.pad) return img;
-    direct::pad_image(img, bufs[thread]->p, pg);
-    return bufs[thread]->p;
+  const float* get(int64_t n, int thread) const {
+    if (bufs_.empty()) return t_.data<float>() + n * image_;
+    const size_t esize = dtype_size(t_.dtype());
+    const char* src = static_cast<const char*>(t_.raw()) + static_cast<size_t>(n * image_) * esize;
+    float* dst = bufs_[thread]->p;
+    const int64_t row = pg.W * pg.C;
+    for (int64_t h = 0; h < pg.H; ++h)
+      convert(src + static_cast<size_t>(h * row) * esize, t_.dtype(), dst + ((h + pg.pad) * pg.Wp() + pg.pad) * pg.C,
+              DType::f32, static_cast<size_t>(row));
+    return dst;
   }
   const direct::PaddedGeom pg;
-  std::vector<std::unique_ptr<Workspace>> bufs;
+
+ private:
+  const Tensor& t_;
+  const int64_t image_;
+  std::vector<std::unique_ptr<Workspace>> bufs_;
 };
 
 // One pass of the direct kernel over the batch, a chunk of images per task as the GEMM path:
@@ -212,20 +225,19 @@ struct DirectPass {
 void run_direct(const Tensor& in, const Tensor& w, const Tensor& out, const DirectPass& d, const ConvGeom& g,
                 MemoryPool& ws) {
   const ChunkPlan cp(g, ws, false);
-  const int64_t in_image = d.pg.H * d.pg.W * d.pg.C, out_image = d.P * d.Q * d.K;
+  const int64_t out_image = d.P * d.Q * d.K;
   const Tensor wf = filter_f32(w, ws);
   Workspace packed(ws, static_cast<size_t>(g.K * cp.RSC) * sizeof(float));
   d.pack(wf.data<float>(), packed.p, g);
-  PaddedImages pad(d.pg, cp.threads, ws);
-  ChunkView I(in, in_image, cp, ws, ChunkView::in), O(out, out_image, cp, ws, ChunkView::out);
+  const KernelImages I(in, d.pg, cp.threads, ws);
+  ChunkView O(out, out_image, cp, ws, ChunkView::out);
   for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
-    const float* a = I.get(n0, nb, t);
-    float* o = O.get(n0, nb, t);
-    for (int64_t n = 0; n < nb; ++n)
-      direct::forward_image(pad.get(a + n * in_image, t), d.pg.Wp(), d.pg.C, packed.p, d.K, g.R, g.S, d.stride, d.P,
-                            d.Q, o + n * out_image);
-    O.put(n0, nb, t);
+    for (int64_t n = n0; n < n0 + nb; ++n) {  // a 16-bit output is rounded back while in cache
+      float* o = O.get(n, 1, t);
+      direct::forward_image(I.get(n, t), d.pg.Wp(), d.pg.C, packed.p, d.K, g.R, g.S, d.stride, d.P, d.Q, o);
+      O.put(n, 1, t);
+    }
   });
 }
 
@@ -244,21 +256,18 @@ void direct_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, c
 // given thread count, as the GEMM path).
 void direct_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const ConvGeom& g, MemoryPool& ws) {
   const ChunkPlan cp(g, ws, false);
-  const int64_t HWC = g.H * g.W * g.C, PQK = g.P * g.Q * g.K, KRSC = g.K * cp.RSC;
+  const int64_t KRSC = g.K * cp.RSC;
   std::vector<std::unique_ptr<Workspace>> partial;
   for (int t = 0; t < cp.threads; ++t) {
     partial.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(KRSC) * sizeof(float)));
     std::memset(partial.back()->p, 0, static_cast<size_t>(KRSC) * sizeof(float));
   }
-  PaddedImages pad({g.H, g.W, g.C, g.pad}, cp.threads, ws);
-  ChunkView X(x, HWC, cp, ws, ChunkView::in), DY(dy, PQK, cp, ws, ChunkView::in);
+  const KernelImages X(x, {g.H, g.W, g.C, g.pad}, cp.threads, ws), DY(dy, {g.P, g.Q, g.K, 0}, cp.threads, ws);
   for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
-    const float* a = X.get(n0, nb, t);
-    const float* d = DY.get(n0, nb, t);
-    for (int64_t n = 0; n < nb; ++n)
-      direct::backward_filter_image(pad.get(a + n * HWC, t), pad.pg.Wp(), g.C, d + n * PQK, g.K, g.R, g.S,
-                                    g.stride, g.P, g.Q, partial[t]->p);
+    for (int64_t n = n0; n < n0 + nb; ++n)
+      direct::backward_filter_image(X.get(n, t), X.pg.Wp(), g.C, DY.get(n, t), g.K, g.R, g.S, g.stride, g.P, g.Q,
+                                    partial[t]->p);
   });
   float* out = dw.data<float>();
   for (int t = 0; t < cp.threads; ++t) {

@@ -173,11 +173,12 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
                                     const Tensor& save_mean, const Tensor& save_invstd,
                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                     const AllReduceFn& allreduce, const Tensor& relu_y) {
-  if (relu_y.defined()) relu_backward(relu_y, dy, dy);  // the fused ReLU's mask, in place
   const int64_t C = channels_of(x, "batchnorm_backward"), M = x.numel() / C;
   require_same(x, dy, "batchnorm_backward");
   require_same(x, dx, "batchnorm_backward");
-  Rows X(x, C), DY(dy, C), DX(dx, C);
+  const bool relu = relu_y.defined();
+  if (relu) require_same(x, relu_y, "batchnorm_backward");
+  Rows X(x, C), DY(dy, C), DX(dx, C), RY(relu ? relu_y : x, C);
   const float* mean = save_mean.data<float>();
   const float* inv = save_invstd.data<float>();
   std::vector<double> acc(2 * C + 1, 0.0);  // sum dy, sum dy*xhat, count
@@ -190,6 +191,15 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
       const int64_t n = std::min(Rows::kBlock, M - i0);
       const float* pdy = DY.in(i0, n);
       const float* px = X.in(i0, n);
+      if (relu) {
+        // The fused ReLU's mask, applied to dy in place in this pass (not a pass of its own):
+        // the second pass reads the masked dy back.
+        const float* py = RY.in(i0, n);
+        float* m = DY.out(i0);
+        for (int64_t i = 0; i < n * C; ++i) m[i] = py[i] > 0.f ? pdy[i] : 0.f;
+        DY.put(i0, n);
+        pdy = m;
+      }
       for (int64_t i = 0; i < n; ++i) {
         const float* g = pdy + i * C;
         const float* r = px + i * C;

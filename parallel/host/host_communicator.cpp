@@ -65,6 +65,9 @@ class HostCommState {
     arrived_gen_[rank] = g + 1;
     if (++arrived_ == world_) {
       arrived_ = 0;
+      // Every rank is inside a barrier now, so none is claiming blocks of a collective: the
+      // next collective's claims start from 0 (the release below publishes the reset).
+      next_claim_.store(0, std::memory_order_relaxed);
       gen_atomic_.store(g + 1, std::memory_order_release);
       gen_++;
       cv_.notify_all();
@@ -89,6 +92,9 @@ class HostCommState {
       throw CommError(why_);
     }
   }
+
+  // The next unclaimed unit of work of the running collective (reset at every barrier).
+  size_t claim() { return next_claim_.fetch_add(1, std::memory_order_relaxed); }
 
   void abort(const std::string& why) {
     std::lock_guard<std::mutex> lock(m_);
@@ -117,6 +123,7 @@ class HostCommState {
   uint64_t gen_ = 0;
   std::atomic<uint64_t> gen_atomic_{0};
   std::vector<uint64_t> arrived_gen_;
+  alignas(64) std::atomic<size_t> next_claim_{0};  // its own cache line: the ranks bump it
   bool aborted_ = false;
   std::string why_;
 };
@@ -243,27 +250,32 @@ class HostCommunicator : public Communicator {
         // One rank in place (a process's only replica under MPI): the input is the result, and
         // the block loop below would cost a full read and write of the message.
         if (R == 1 && s.send == s.recv) return;
-        // Rank r owns slice r of the message: it reads that slice of every rank's input, reduces
-        // it a block at a time (the block stays in L1), and writes the result into that slice of
-        // every rank's output. Slice r of any buffer is touched by rank r alone, so an in-place
-        // all-reduce is safe, and each rank moves about the bytes of one memcpy of the message
-        // (the first version reduced into a scratch slice and then had every rank copy every
-        // slice: three times the traffic, bench/RESULTS.md). Slices are whole cache lines, so
-        // no two ranks write one line.
-        constexpr size_t kLine = 64;
-        const size_t per_line = kLine / esz;
-        const size_t chunk = ((s.count + R - 1) / R + per_line - 1) / per_line * per_line;
-        const size_t lo = std::min(s.count, rank_ * chunk), hi = std::min(s.count, lo + chunk);
+        // The message is cut into units of kUnit elements that ranks claim from a shared counter
+        // until none is left; a unit's claimer reads that range of every rank's input, reduces
+        // it a block at a time (the block stays in L1; rank order, so the bits do not depend on
+        // who claimed it) and writes it into that range of every rank's output. A range is
+        // touched by its claimer alone, so an in-place all-reduce is safe, and all ranks
+        // together move about the bytes of one memcpy of the message per rank (the first
+        // version reduced into a scratch slice and then had every rank copy every slice: three
+        // times the traffic, bench/RESULTS.md). Claiming instead of a fixed slice per rank
+        // means the ranks that are running do the work: with more ranks than cores, a rank
+        // the OS has descheduled no longer holds everyone up at the closing barrier with its
+        // slice still undone. Units are whole cache lines of any buffer aligned to 64 bytes.
+        constexpr size_t kUnit = 16384;  // 64 KiB of f32
+        const size_t units = (s.count + kUnit - 1) / kUnit;
         std::vector<void*> outs(R);
         for (int r = 0; r < R; ++r) outs[r] = state_->slot(r).recv;
         constexpr size_t kBlock = 2048;  // 8 KiB of f32 partial sums
         float acc[kBlock];
-        for (size_t b = lo; b < hi; b += kBlock) {
-          const size_t e = std::min(hi, b + kBlock);
-          reduce_range(s.op, s.dtype, b, e, srcs, acc);
-          for (int r = 0; r < R; ++r) convert(acc, DType::f32, static_cast<char*>(outs[r]) + b * esz, s.dtype, e - b);
+        for (size_t u = state_->claim(); u < units; u = state_->claim()) {
+          const size_t lo = u * kUnit, hi = std::min(s.count, lo + kUnit);
+          for (size_t b = lo; b < hi; b += kBlock) {
+            const size_t e = std::min(hi, b + kBlock);
+            reduce_range(s.op, s.dtype, b, e, srcs, acc);
+            for (int r = 0; r < R; ++r) convert(acc, DType::f32, static_cast<char*>(outs[r]) + b * esz, s.dtype, e - b);
+          }
         }
-        state_->barrier(rank_, what);  // every slice is in every output before anyone returns
+        state_->barrier(rank_, what);  // every unit is in every output before anyone returns
         return;
       }
       case Kind::broadcast:
