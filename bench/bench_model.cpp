@@ -1,11 +1,18 @@
 // Forward+backward throughput of a ResNet on one CPU replica (one thread), and the GFLOP/s of
 // each distinct convolution against a plain Eigen GEMM of the same (M, N, K).
 //   replica_bench_model [--arch resnet20] [--batch 128] [--steps 20] [--hw 28] [--channels 1] [--threads 1]
+//                       [--precision fp32,bf16,fp16]
+// With several precisions, one model per activation dtype is stepped in turn (one step each per
+// round), so a noisy machine's slow phases hit them alike; each prints img/s and its ratio to
+// the first, overall and as the median of the per-round ratios.
 #include <Eigen/Core>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <sstream>
+#include <vector>
 #include <random>
 #include <string>
 
@@ -35,6 +42,7 @@ int main(int argc, char** argv) {
   int64_t batch = 128, steps = 20, hw = 28, channels = 1;
   bool shapes_table = true;
   int threads = 1;
+  std::vector<DType> precisions{DType::f32};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--arch") arch = argv[i + 1];
@@ -44,6 +52,11 @@ int main(int argc, char** argv) {
     else if (k == "--channels") channels = std::stoll(argv[i + 1]);
     else if (k == "--shapes") shapes_table = std::string(argv[i + 1]) != "0";
     else if (k == "--threads") threads = std::stoi(argv[i + 1]);
+    else if (k == "--precision") {
+      precisions.clear();
+      std::stringstream list(argv[i + 1]);
+      for (std::string item; std::getline(list, item, ',');) precisions.push_back(parse_dtype(item == "fp32" ? "f32" : item == "fp16" ? "f16" : item));
+    }
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -53,9 +66,13 @@ int main(int argc, char** argv) {
   PoolOptions po;
   po.mode = AllocatorMode::growth;
   auto pool = make_pool({DeviceKind::cpu, 0}, po);
-  auto model = models::make_resnet({.arch = arch, .in_channels = channels, .num_classes = 10, .height = hw, .width = hw});
-  model->materialize(*pool, 1);
   auto& be = ops::backend_for(pool->device());
+  auto make_model = [&](DType compute) {
+    auto m = models::make_resnet({.arch = arch, .in_channels = channels, .num_classes = 10, .height = hw, .width = hw});
+    m->materialize(*pool, 1, compute);
+    return m;
+  };
+  auto model = make_model(DType::f32);
   Tensor x = Tensor::empty(*pool, {batch, hw, hw, channels}, DType::f32, MemTag::activations);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
@@ -63,13 +80,44 @@ int main(int argc, char** argv) {
   Tensor labels = Tensor::empty(*pool, {batch}, DType::i32, MemTag::activations);
   for (int64_t i = 0; i < batch; ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(i % 10);
 
-  auto step = [&] {
+  auto step_of = [&](nn::Model& m, DType act) {
     nn::Context ctx(*pool, be, true);
+    ctx.act_dtype = act;
     Tensor d;
-    nn::forward_and_loss(ctx, *model, x, labels, 1.f / batch, d);
-    model->zero_grad();
-    model->backward(ctx, d);
+    nn::forward_and_loss(ctx, m, x, labels, 1.f / batch, d);
+    m.zero_grad();
+    m.backward(ctx, d);
   };
+  auto step = [&] { step_of(*model, DType::f32); };
+  if (precisions.size() > 1) {
+    std::vector<std::unique_ptr<nn::Model>> models;
+    for (DType p : precisions) models.push_back(make_model(p));
+    for (int i = 0; i < 3; ++i)
+      for (size_t m = 0; m < models.size(); ++m) step_of(*models[m], precisions[m]);
+    std::vector<double> total(models.size(), 0);
+    std::vector<std::vector<double>> ratios(models.size());
+    for (int64_t i = 0; i < steps; ++i) {
+      std::vector<double> t(models.size());
+      for (size_t m = 0; m < models.size(); ++m) {
+        auto t0 = Clock::now();
+        step_of(*models[m], precisions[m]);
+        t[m] = seconds_since(t0);
+        total[m] += t[m];
+      }
+      for (size_t m = 0; m < models.size(); ++m) ratios[m].push_back(t[0] / t[m]);
+    }
+    std::printf("# %s fwd+bwd, batch %ld, %ldx%ldx%ld, %d thread%s, %ld interleaved steps per precision\n", arch.c_str(),
+                batch, hw, hw, channels, threads, threads > 1 ? "s" : "", steps);
+    std::printf("# %-9s %10s %14s %22s\n", "precision", "img/s", "vs first", "median per-step ratio");
+    for (size_t m = 0; m < models.size(); ++m) {
+      auto& r = ratios[m];
+      std::sort(r.begin(), r.end());
+      const double med = r.size() % 2 ? r[r.size() / 2] : 0.5 * (r[r.size() / 2 - 1] + r[r.size() / 2]);
+      std::printf("  %-9s %10.1f %13.3fx %21.3fx\n", dtype_name(precisions[m]), steps * batch / total[m],
+                  total[0] / total[m], med);
+    }
+    return 0;
+  }
   for (int i = 0; i < 3; ++i) step();
   auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) step();

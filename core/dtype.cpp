@@ -8,12 +8,12 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #include <immintrin.h>
-#define REPLICA_F16C_DISPATCH 1
+#define REPLICA_X86_DISPATCH 1
 #endif
 
 namespace replica {
 
-#ifdef REPLICA_F16C_DISPATCH
+#ifdef REPLICA_X86_DISPATCH
 namespace {
 // f16 <-> f32 by the F16C instructions, compiled for them whatever -march says and entered only
 // when the CPU has them (checked once at run time); the scalar loops below are the fallback and
@@ -35,6 +35,35 @@ __attribute__((target("avx,f16c"))) size_t f16_to_f32_f16c(const Half* s, float*
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  return i;
+}
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+// f32 -> bf16, round to nearest even, NaN kept quiet: float_to_bf16's bits (tested on every
+// pattern), 16 at a time. NaN is rare, so the blend that quiets it runs only for a block that
+// has one (a compare and a movemask per block otherwise), which makes this loop about a third
+// shorter than the one the compiler vectorises from the scalar code.
+__attribute__((target("avx2"))) size_t f32_to_bf16_avx2(const char* s, char* d, size_t n) {
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i quiet_bit = _mm256_set1_epi32(0x40);
+  auto round = [&](__m256i x) {
+    const __m256i hi = _mm256_srli_epi32(x, 16);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_and_si256(hi, one)), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+    if (!_mm256_testz_si256(nan, nan)) r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet_bit), nan);
+    return r;
+  };
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a = round(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 4 * i)));
+    const __m256i b = round(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 4 * i + 32)));
+    // packus works per 128-bit lane: a0 b0 a1 b1 -> a0 a1 b0 b1
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * i), packed);
+  }
   return i;
 }
 }  // namespace
@@ -106,7 +135,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* s = static_cast<const float*>(src);
     auto* d = static_cast<Half*>(dst);
     size_t i = 0;
-#ifdef REPLICA_F16C_DISPATCH
+#ifdef REPLICA_X86_DISPATCH
     if (has_f16c()) i = f32_to_f16_f16c(s, d, n);
 #endif
     for (; i < n; ++i) d[i] = float_to_half(s[i]);
@@ -116,7 +145,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* s = static_cast<const Half*>(src);
     auto* d = static_cast<float*>(dst);
     size_t i = 0;
-#ifdef REPLICA_F16C_DISPATCH
+#ifdef REPLICA_X86_DISPATCH
     if (has_f16c()) i = f16_to_f32_f16c(s, d, n);
 #endif
     for (; i < n; ++i) d[i] = half_to_float(s[i]);
@@ -126,7 +155,11 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     // float_to_bf16 without its branch, so the loop vectorises (the same bits: tested).
     auto* s = static_cast<const char*>(src);
     auto* d = static_cast<char*>(dst);
-    for (size_t i = 0; i < n; ++i) {
+    size_t i = 0;
+#ifdef REPLICA_X86_DISPATCH
+    if (has_avx2()) i = f32_to_bf16_avx2(s, d, n);
+#endif
+    for (; i < n; ++i) {
       uint32_t x;
       std::memcpy(&x, s + 4 * i, 4);
       const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;

@@ -76,12 +76,6 @@ void pack_backward_data(const float* w, float* out, const ConvGeom& g) {
   });
 }
 
-void pad_image(const float* x, float* padded, const PaddedGeom& pg) {
-  const int64_t row = pg.W * pg.C;
-  for (int64_t h = 0; h < pg.H; ++h)
-    std::memcpy(padded + ((h + pg.pad) * pg.Wp() + pg.pad) * pg.C, x + h * row, static_cast<size_t>(row) * sizeof(float));
-}
-
 #ifdef REPLICA_DIRECT_AVX2
 namespace {
 

@@ -35,14 +35,14 @@ bool serves_backward_filter(const ConvGeom& g);
 void pack_forward(const float* w_krsc, float* out, const ConvGeom& g);
 void pack_backward_data(const float* w_krsc, float* out, const ConvGeom& g);
 
-// A zero-padded image buffer: the border is cleared once, each image then fills the interior.
+// A zero-padded image buffer (conv.cpp KernelImages): the border is cleared once, each image
+// then fills the interior.
 struct PaddedGeom {
   int64_t H, W, C, pad;
   int64_t Hp() const { return H + 2 * pad; }
   int64_t Wp() const { return W + 2 * pad; }
   int64_t floats() const { return Hp() * Wp() * C; }
 };
-void pad_image(const float* x, float* padded, const PaddedGeom& pg);
 
 // One image: xpad (Hp x Wp x C, zero border), w (packed as above), y (P x Q x K), overwritten.
 void forward_image(const float* xpad, int64_t Wp, int64_t C, const float* w_rsck, int64_t K, int64_t R,

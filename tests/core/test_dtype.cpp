@@ -92,6 +92,14 @@ TEST(DType, ConvertBf16MatchesTheScalarConversions) {
   size_t bad = 0;
   for (size_t i = 0; i < f.size(); ++i) bad += b[i] != float_to_bf16(f[i]).bits;
   EXPECT_EQ(bad, 0u) << "f32 -> bf16";
+  // Unaligned starts and lengths that leave a tail for the scalar loop after the vector one.
+  for (size_t off : {1u, 3u, 17u})
+    for (size_t len : {5u, 15u, 16u, 33u, 1001u}) {
+      std::vector<uint16_t> part(len);
+      convert(f.data() + off * 4099, DType::f32, part.data(), DType::bf16, len);
+      for (size_t i = 0; i < len; ++i) bad += part[i] != float_to_bf16(f[off * 4099 + i]).bits;
+    }
+  EXPECT_EQ(bad, 0u) << "f32 -> bf16, unaligned with a tail";
   std::vector<uint16_t> all(0x10000);
   for (uint32_t i = 0; i < 0x10000u; ++i) all[i] = static_cast<uint16_t>(i);
   std::vector<float> back(all.size());
