@@ -66,6 +66,16 @@ __attribute__((target("avx2"))) size_t f32_to_bf16_avx2(const char* s, char* d, 
   }
   return i;
 }
+// bf16 -> f32: each 16-bit pattern becomes the high half of a float, 8 at a time, widened
+// straight from memory (the compiler's loop loaded 16 and split them with an extract).
+__attribute__((target("avx2"))) size_t bf16_to_f32_avx2(const char* s, char* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 4 * i), _mm256_slli_epi32(w, 16));
+  }
+  return i;
+}
 }  // namespace
 #endif
 
@@ -172,7 +182,11 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
   if (st == DType::bf16 && dt == DType::f32) {
     auto* s = static_cast<const char*>(src);
     auto* d = static_cast<char*>(dst);
-    for (size_t i = 0; i < n; ++i) {  // bf16_to_float, vectorised
+    size_t i = 0;
+#ifdef REPLICA_X86_DISPATCH
+    if (has_avx2()) i = bf16_to_f32_avx2(s, d, n);
+#endif
+    for (; i < n; ++i) {  // bf16_to_float, vectorised
       uint16_t b;
       std::memcpy(&b, s + 2 * i, 2);
       const uint32_t x = static_cast<uint32_t>(b) << 16;

@@ -110,4 +110,11 @@ TEST(DType, ConvertBf16MatchesTheScalarConversions) {
     bad += std::memcmp(&back[i], &want, 4) != 0;
   }
   EXPECT_EQ(bad, 0u) << "bf16 -> f32";
+  for (size_t off : {1u, 5u})
+    for (size_t len : {3u, 7u, 8u, 17u, 1001u}) {
+      std::vector<float> part(len);
+      convert(all.data() + off * 4099, DType::bf16, part.data(), DType::f32, len);
+      bad += std::memcmp(part.data(), back.data() + off * 4099, len * 4) != 0;
+    }
+  EXPECT_EQ(bad, 0u) << "bf16 -> f32, unaligned with a tail";
 }
