@@ -7,10 +7,6 @@
 #include <cstring>
 #include <thread>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
-
 #include "core/env.h"
 #include "core/errors.h"
 
@@ -25,32 +21,6 @@ constexpr size_t kHeader = 64;  // the barrier counter and each half's shift, on
 constexpr size_t kPage = 4096;
 constexpr size_t kHalf = NodeAllReduce::kChunkFloats * sizeof(float) + kPage;
 constexpr size_t kSegment = kHeader + 2 * kHalf;
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// A plain vector copy for the slices moved in and out of the window. glibc's memcpy takes
-// `rep movsb` at these sizes (tens to hundreds of KiB), and on this project's AMD machines
-// that ran at a fraction of this loop's speed for whole runs at a time, depending on where
-// the buffers lay (bench/RESULTS.md, "MPI ... shared window").
-__attribute__((target("avx2"))) void copy_avx2(float* d, const float* s, size_t n) {
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m256 a = _mm256_loadu_ps(s + i), b = _mm256_loadu_ps(s + i + 8);
-    const __m256 c = _mm256_loadu_ps(s + i + 16), e = _mm256_loadu_ps(s + i + 24);
-    _mm256_storeu_ps(d + i, a);
-    _mm256_storeu_ps(d + i + 8, b);
-    _mm256_storeu_ps(d + i + 16, c);
-    _mm256_storeu_ps(d + i + 24, e);
-  }
-  std::memcpy(d + i, s + i, (n - i) * sizeof(float));
-}
-void copy_floats(float* d, const float* s, size_t n) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) copy_avx2(d, s, n);
-  else std::memcpy(d, s, n * sizeof(float));
-}
-#else
-void copy_floats(float* d, const float* s, size_t n) { std::memcpy(d, s, n * sizeof(float)); }
-#endif
 
 unsigned long long load(unsigned long long* c) {
   return std::atomic_ref<unsigned long long>(*c).load(std::memory_order_acquire);
@@ -145,14 +115,14 @@ void NodeAllReduce::reduce_slice(int h, size_t lo, size_t hi, float* out, bool m
       // This process's own term is read where it is: it never copied its slice in.
       const float* s = (q == rank_ ? out : data(q, h)) + b;
       if (q == 0)
-        copy_floats(acc, s, m);
+        std::memcpy(acc, s, m * sizeof(float));
       else if (max)
         for (size_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], s[i]);
       else
         for (size_t i = 0; i < m; ++i) acc[i] += s[i];
     }
-    copy_floats(result + b, acc, m);
-    copy_floats(out + b, acc, m);
+    std::memcpy(result + b, acc, m * sizeof(float));
+    std::memcpy(out + b, acc, m * sizeof(float));
   }
 }
 
@@ -171,7 +141,7 @@ void NodeAllReduce::all_reduce(float* d, size_t n, bool max, const std::string& 
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       const auto [a, b] = slice(q);
-      copy_floats(mine + a, d + off + a, b - a);
+      std::memcpy(mine + a, d + off + a, (b - a) * sizeof(float));
     }
     barrier(what);
     const auto [lo, hi] = slice(rank_);
@@ -180,7 +150,7 @@ void NodeAllReduce::all_reduce(float* d, size_t n, bool max, const std::string& 
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       const auto [a, b] = slice(q);
-      copy_floats(d + off + a, data(q, h) + a, b - a);
+      std::memcpy(d + off + a, data(q, h) + a, (b - a) * sizeof(float));
     }
   }
 }
