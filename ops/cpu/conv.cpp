@@ -13,11 +13,8 @@
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/direct_conv.h"
 #include "ops/cpu/mixed.h"
+#include "ops/cpu/parallel_for.h"
 #include "ops/cpu/threads.h"
-
-#ifdef REPLICA_WITH_OPENMP
-#include <omp.h>
-#endif
 
 namespace replica::ops {
 namespace {
@@ -109,14 +106,7 @@ struct Workspace {
 // more than one (chunks are whole images, so threads never write the same output).
 template <typename F>
 void for_chunks(int64_t nchunks, int threads, F&& fn) {
-#ifdef REPLICA_WITH_OPENMP
-  if (threads > 1 && nchunks > 1) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t c = 0; c < nchunks; ++c) fn(c, omp_get_thread_num());
-    return;
-  }
-#endif
-  for (int64_t c = 0; c < nchunks; ++c) fn(c, 0);
+  parallel_for(nchunks, threads, fn);
 }
 
 // The chunking every convolution pass shares: chunk size, thread count, and one column buffer per

@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/mixed.h"
+#include "ops/cpu/parallel_for.h"
 #include "ops/cpu/threads.h"
 
 namespace replica::ops {
@@ -39,26 +40,39 @@ void reduce(std::vector<double>& buf, const AllReduceFn& allreduce) {
 class Rows {
  public:
   static constexpr int64_t kBlock = 32;
-  Rows(const Tensor& t, int64_t C) : t_(t), C_(C) {
-    if (t.dtype() != DType::f32) buf_.resize(static_cast<size_t>(kBlock * C));
+  // threads: one conversion buffer per intra-op thread (parallel_for's thread index).
+  Rows(const Tensor& t, int64_t C, int threads = 1) : t_(t), C_(C) {
+    if (t.dtype() != DType::f32) bufs_.assign(static_cast<size_t>(threads), std::vector<float>(kBlock * C));
   }
   // Rows [i0, i0 + n) to read.
-  const float* in(int64_t i0, int64_t n) {
-    if (buf_.empty()) return t_.data<float>() + i0 * C_;
-    convert(at(i0), t_.dtype(), buf_.data(), DType::f32, static_cast<size_t>(n * C_));
-    return buf_.data();
+  const float* in(int64_t i0, int64_t n, int thread = 0) {
+    if (bufs_.empty()) return t_.data<float>() + i0 * C_;
+    float* b = bufs_[thread].data();
+    convert(at(i0), t_.dtype(), b, DType::f32, static_cast<size_t>(n * C_));
+    return b;
   }
   // Rows from i0 to write, then put(i0, n).
-  float* out(int64_t i0) { return buf_.empty() ? t_.data<float>() + i0 * C_ : buf_.data(); }
-  void put(int64_t i0, int64_t n) {
-    if (!buf_.empty()) convert(buf_.data(), DType::f32, at(i0), t_.dtype(), static_cast<size_t>(n * C_));
+  float* out(int64_t i0, int thread = 0) { return bufs_.empty() ? t_.data<float>() + i0 * C_ : bufs_[thread].data(); }
+  void put(int64_t i0, int64_t n, int thread = 0) {
+    if (!bufs_.empty()) convert(bufs_[thread].data(), DType::f32, at(i0), t_.dtype(), static_cast<size_t>(n * C_));
   }
 
  private:
   char* at(int64_t i0) const { return static_cast<char*>(t_.raw()) + static_cast<size_t>(i0 * C_) * dtype_size(t_.dtype()); }
   const Tensor& t_;
   int64_t C_;
-  std::vector<float> buf_;
+  std::vector<std::vector<float>> bufs_;
+};
+
+// The row blocks of an [M, C] pass, and the threads that share them: more than one only when
+// the replica has intra-op threads and the pass has enough blocks to be worth a fork.
+struct RowBlocks {
+  explicit RowBlocks(int64_t M)
+      : M(M), count((M + Rows::kBlock - 1) / Rows::kBlock), threads(count >= 64 ? intra_op_threads() : 1) {}
+  int64_t first(int64_t b) const { return b * Rows::kBlock; }
+  int64_t rows(int64_t b) const { return std::min(Rows::kBlock, M - b * Rows::kBlock); }
+  const int64_t M, count;
+  const int threads;
 };
 
 // A per-channel parameter (gamma, beta: small) in f32.
@@ -74,32 +88,46 @@ int64_t channels_of(const Tensor& x, const char* who) {
   return x.shape()[x.shape().rank() - 1];
 }
 
-// Per-channel sums over the rows of an [M, C] matrix: f32 partial sums over blocks of
-// Rows::kBlock rows (they vectorise across C), folded into double so long reductions keep their
-// precision. block(i0, n, part) adds rows [i0, i0 + n) into part.
+// Per-block sums over the rows of an [M, C] matrix: f32 partial sums over blocks of
+// Rows::kBlock rows (they vectorise across C), folded into double in block order so long
+// reductions keep their precision. block(i0, n, part, thread) adds rows [i0, i0 + n) into part
+// (width floats, acc[acc_offset ..] receives them). With intra-op threads the blocks' partials
+// are computed in parallel and then folded in the same order: the same bits as one thread.
 template <typename BlockFn>
-void channel_sums(int64_t M, int64_t C, std::vector<double>& acc, int64_t acc_offset, BlockFn&& block) {
-  std::vector<float> part(C);
-  for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
-    std::fill(part.begin(), part.end(), 0.f);
-    block(i0, std::min(Rows::kBlock, M - i0), part.data());
-    for (int64_t c = 0; c < C; ++c) acc[acc_offset + c] += part[c];
+void block_sums(const RowBlocks& rb, int64_t width, std::vector<double>& acc, int64_t acc_offset, BlockFn&& block) {
+  if (rb.threads == 1) {
+    std::vector<float> part(width);
+    for (int64_t b = 0; b < rb.count; ++b) {
+      std::fill(part.begin(), part.end(), 0.f);
+      block(rb.first(b), rb.rows(b), part.data(), 0);
+      for (int64_t c = 0; c < width; ++c) acc[acc_offset + c] += part[c];
+    }
+    return;
   }
+  // The calling thread's scratch, reused (a fresh vector per call would fault its pages in
+  // again). Named through a plain pointer: inside the parallel loop `scratch` would be each
+  // worker's own thread_local, not this one.
+  thread_local std::vector<float> scratch;
+  scratch.assign(static_cast<size_t>(rb.count * width), 0.f);
+  float* parts = scratch.data();
+  parallel_for(rb.count, rb.threads, [&](int64_t b, int t) { block(rb.first(b), rb.rows(b), parts + b * width, t); });
+  for (int64_t b = 0; b < rb.count; ++b)
+    for (int64_t c = 0; c < width; ++c) acc[acc_offset + c] += parts[b * width + c];
 }
 
 // y = x * a[c] + b[c], then max(., 0) when a ReLU is fused (NaN stays NaN, as relu_forward).
-void apply_affine(Rows& X, Rows& Y, int64_t M, int64_t C, const float* a, const float* b, bool relu) {
-  for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
-    const int64_t n = std::min(Rows::kBlock, M - i0);
-    const float* px = X.in(i0, n);
-    float* py = Y.out(i0);
+void apply_affine(Rows& X, Rows& Y, const RowBlocks& rb, int64_t C, const float* a, const float* b, bool relu) {
+  parallel_for(rb.count, rb.threads, [&](int64_t blk, int t) {
+    const int64_t i0 = rb.first(blk), n = rb.rows(blk);
+    const float* px = X.in(i0, n, t);
+    float* py = Y.out(i0, t);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) {
         const float v = px[i * C + c] * a[c] + b[c];
         py[i * C + c] = relu && v < 0.f ? 0.f : v;
       }
-    Y.put(i0, n);
-  }
+    Y.put(i0, n, t);
+  });
 }
 
 }  // namespace
@@ -111,10 +139,12 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
                                          const AllReduceFn& allreduce, bool relu) {
   const int64_t C = channels_of(x, "batchnorm_forward_train"), M = x.numel() / C;
   require_same(x, y, "batchnorm_forward_train");
-  Rows X(x, C), Y(y, C);
+  apply_thread_default();
+  const RowBlocks rb(M);
+  Rows X(x, C, rb.threads), Y(y, C, rb.threads);
   std::vector<double> acc(C + 1, 0.0);
-  channel_sums(M, C, acc, 0, [&](int64_t i0, int64_t n, float* part) {
-    const float* r = X.in(i0, n);
+  block_sums(rb, C, acc, 0, [&](int64_t i0, int64_t n, float* part, int t) {
+    const float* r = X.in(i0, n, t);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) part[c] += r[i * C + c];
   });
@@ -124,8 +154,8 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
   std::vector<double> mean(C), sq(C, 0.0);
   std::vector<float> meanf(C);
   for (int64_t c = 0; c < C; ++c) meanf[c] = static_cast<float>(mean[c] = acc[c] / Mg);
-  channel_sums(M, C, sq, 0, [&](int64_t i0, int64_t n, float* part) {
-    const float* r = X.in(i0, n);
+  block_sums(rb, C, sq, 0, [&](int64_t i0, int64_t n, float* part, int t) {
+    const float* r = X.in(i0, n, t);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) {
         float d = r[i * C + c] - meanf[c];
@@ -150,7 +180,7 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
     rm[c] = static_cast<float>((1 - momentum) * rm[c] + momentum * mean[c]);
     rv[c] = static_cast<float>((1 - momentum) * rv[c] + momentum * unbiased);
   }
-  apply_affine(X, Y, M, C, a.data(), b.data(), relu);
+  apply_affine(X, Y, rb, C, a.data(), b.data(), relu);
 }
 
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -165,8 +195,10 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, co
     a[c] = g[c] * inv;
     b[c] = be[c] - running_mean.data<float>()[c] * a[c];
   }
-  Rows X(x, C), Y(y, C);
-  apply_affine(X, Y, M, C, a.data(), b.data(), relu);
+  apply_thread_default();
+  const RowBlocks rb(M);
+  Rows X(x, C, rb.threads), Y(y, C, rb.threads);
+  apply_affine(X, Y, rb, C, a.data(), b.data(), relu);
 }
 
 void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -178,42 +210,36 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
   require_same(x, dx, "batchnorm_backward");
   const bool relu = relu_y.defined();
   if (relu) require_same(x, relu_y, "batchnorm_backward");
-  Rows X(x, C), DY(dy, C), DX(dx, C), RY(relu ? relu_y : x, C);
+  apply_thread_default();
+  const RowBlocks rb(M);
+  Rows X(x, C, rb.threads), DY(dy, C, rb.threads), DX(dx, C, rb.threads), RY(relu ? relu_y : x, C, rb.threads);
   const float* mean = save_mean.data<float>();
   const float* inv = save_invstd.data<float>();
   std::vector<double> acc(2 * C + 1, 0.0);  // sum dy, sum dy*xhat, count
-  {
-    // One pass over x and dy for both sums (f32 partials per block of rows, folded into double).
-    std::vector<float> p1(C), p2(C);
-    for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
-      std::fill(p1.begin(), p1.end(), 0.f);
-      std::fill(p2.begin(), p2.end(), 0.f);
-      const int64_t n = std::min(Rows::kBlock, M - i0);
-      const float* pdy = DY.in(i0, n);
-      const float* px = X.in(i0, n);
-      if (relu) {
-        // The fused ReLU's mask, applied to dy in place in this pass (not a pass of its own):
-        // the second pass reads the masked dy back.
-        const float* py = RY.in(i0, n);
-        float* m = DY.out(i0);
-        for (int64_t i = 0; i < n * C; ++i) m[i] = py[i] > 0.f ? pdy[i] : 0.f;
-        DY.put(i0, n);
-        pdy = m;
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const float* g = pdy + i * C;
-        const float* r = px + i * C;
-        for (int64_t c = 0; c < C; ++c) {
-          p1[c] += g[c];
-          p2[c] += g[c] * (r[c] - mean[c]) * inv[c];
-        }
-      }
+  // One pass over x and dy for both sums (part: C floats of each, per block of rows).
+  block_sums(rb, 2 * C, acc, 0, [&](int64_t i0, int64_t n, float* part, int t) {
+    const float* pdy = DY.in(i0, n, t);
+    const float* px = X.in(i0, n, t);
+    if (relu) {
+      // The fused ReLU's mask, applied to dy in place in this pass (not a pass of its own):
+      // the second pass reads the masked dy back.
+      const float* py = RY.in(i0, n, t);
+      float* m = DY.out(i0, t);
+      for (int64_t i = 0; i < n * C; ++i) m[i] = py[i] > 0.f ? pdy[i] : 0.f;
+      DY.put(i0, n, t);
+      pdy = m;
+    }
+    float* p1 = part;
+    float* p2 = part + C;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* g = pdy + i * C;
+      const float* r = px + i * C;
       for (int64_t c = 0; c < C; ++c) {
-        acc[c] += p1[c];
-        acc[C + c] += p2[c];
+        p1[c] += g[c];
+        p2[c] += g[c] * (r[c] - mean[c]) * inv[c];
       }
     }
-  }
+  });
   for (int64_t c = 0; c < C; ++c) {
     dbeta.data<float>()[c] += static_cast<float>(acc[c]);
     dgamma.data<float>()[c] += static_cast<float>(acc[C + c]);
@@ -228,18 +254,18 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
     m1[c] = static_cast<float>(acc[c] / Mg);
     m2[c] = static_cast<float>(acc[C + c] / Mg);
   }
-  for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
-    const int64_t n = std::min(Rows::kBlock, M - i0);
-    const float* pdy = DY.in(i0, n);
-    const float* px = X.in(i0, n);
-    float* pdx = DX.out(i0);
+  parallel_for(rb.count, rb.threads, [&](int64_t blk, int t) {
+    const int64_t i0 = rb.first(blk), n = rb.rows(blk);
+    const float* pdy = DY.in(i0, n, t);
+    const float* px = X.in(i0, n, t);
+    float* pdx = DX.out(i0, t);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) {
         float xhat = (px[i * C + c] - mean[c]) * inv[c];
         pdx[i * C + c] = k[c] * (pdy[i * C + c] - m1[c] - xhat * m2[c]);
       }
-    DX.put(i0, n);
-  }
+    DX.put(i0, n, t);
+  });
 }
 
 void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -249,18 +275,20 @@ void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, co
   const int64_t C = channels_of(x, "batchnorm_backward_frozen"), M = x.numel() / C;
   require_same(x, dy, "batchnorm_backward_frozen");
   require_same(x, dx, "batchnorm_backward_frozen");
-  Rows X(x, C), DY(dy, C), DX(dx, C);
+  apply_thread_default();
+  const RowBlocks rb(M);
+  Rows X(x, C, rb.threads), DY(dy, C, rb.threads), DX(dx, C, rb.threads);
   const float* mu = mean.data<float>();
   const float* inv = invstd.data<float>();
   std::vector<double> acc(2 * C, 0.0);
-  channel_sums(M, C, acc, 0, [&](int64_t i0, int64_t n, float* part) {
-    const float* pdy = DY.in(i0, n);
+  block_sums(rb, C, acc, 0, [&](int64_t i0, int64_t n, float* part, int t) {
+    const float* pdy = DY.in(i0, n, t);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) part[c] += pdy[i * C + c];
   });
-  channel_sums(M, C, acc, C, [&](int64_t i0, int64_t n, float* part) {
-    const float* pdy = DY.in(i0, n);
-    const float* px = X.in(i0, n);
+  block_sums(rb, C, acc, C, [&](int64_t i0, int64_t n, float* part, int t) {
+    const float* pdy = DY.in(i0, n, t);
+    const float* px = X.in(i0, n, t);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) part[c] += pdy[i * C + c] * (px[i * C + c] - mu[c]) * inv[c];
   });
@@ -271,14 +299,14 @@ void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, co
     dgamma.data<float>()[c] += static_cast<float>(acc[C + c]);
     k[c] = gm[c] * inv[c];
   }
-  for (int64_t i0 = 0; i0 < M; i0 += Rows::kBlock) {
-    const int64_t n = std::min(Rows::kBlock, M - i0);
-    const float* pdy = DY.in(i0, n);
-    float* pdx = DX.out(i0);
+  parallel_for(rb.count, rb.threads, [&](int64_t blk, int t) {
+    const int64_t i0 = rb.first(blk), n = rb.rows(blk);
+    const float* pdy = DY.in(i0, n, t);
+    float* pdx = DX.out(i0, t);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) pdx[i * C + c] = k[c] * pdy[i * C + c];
-    DX.put(i0, n);
-  }
+    DX.put(i0, n, t);
+  });
 }
 
 void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {

@@ -14,6 +14,8 @@
 
 #include "core/errors.h"
 #include "core/tensor.h"
+#include "ops/cpu/parallel_for.h"
+#include "ops/cpu/threads.h"
 
 namespace replica::ops {
 
@@ -80,10 +82,13 @@ void elementwise_in_f32(std::initializer_list<F32Arg> args, F&& f) {
   const F32Arg* a = args.begin();
   const size_t K = args.size();
   const int64_t n = a[0].t->numel();
-  alignas(64) float buf[kMax][kTile];
-  std::array<float*, kMax> p{};
-  for (int64_t i = 0; i < n; i += kTile) {
-    const int64_t m = std::min(kTile, n - i);
+  // Tiles are independent, so a replica with intra-op threads spreads them (each thread's
+  // buffers on its own stack); below 16 tiles a fork costs more than it saves.
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  parallel_for(tiles, tiles >= 16 ? intra_op_threads() : 1, [&](int64_t tile, int) {
+    const int64_t i = tile * kTile, m = std::min(kTile, n - i);
+    alignas(64) float buf[kMax][kTile];
+    std::array<float*, kMax> p{};
     for (size_t k = 0; k < K; ++k) {
       const Tensor& t = *a[k].t;
       if (t.dtype() == DType::f32) {
@@ -102,7 +107,7 @@ void elementwise_in_f32(std::initializer_list<F32Arg> args, F&& f) {
         convert(buf[k], DType::f32, static_cast<char*>(t.raw()) + i * dtype_size(t.dtype()), t.dtype(),
                 static_cast<size_t>(m));
     }
-  }
+  });
 }
 
 }  // namespace replica::ops

@@ -2,6 +2,9 @@
 // memory is visible by tag and released by backward, gradients accumulate across passes.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
+
 #include "core/errors.h"
 #include "ops/cpu/threads.h"
 #include "ops/models/resnet.h"
@@ -123,6 +126,48 @@ TEST(Threads, IntraOpThreadsGiveTheSameBits) {
   ops::set_intra_op_threads(1);
   EXPECT_EQ(0, std::memcmp(y1.raw(), y2.raw(), y1.nbytes())) << "threads split rows, never a sum";
   EXPECT_THROW(ops::set_intra_op_threads(0), ConfigError);
+}
+
+// Batch norm and the elementwise ops spread row blocks and tiles over intra-op threads; their
+// per-channel sums fold the blocks' partials in block order, so 2 threads give 1 thread's bits.
+TEST(Threads, BatchNormAndElementwiseGiveTheSameBitsOnTwoThreads) {
+  if (!ops::intra_op_threads_supported()) GTEST_SKIP() << "built without OpenMP: one intra-op thread only";
+  auto pool = replica::testing::test_pool();
+  auto& be = ops::backend_for(pool->device());
+  const Shape sh{8, 16, 16, 24};  // 2048 rows: 64 row blocks, 48 tiles: enough to be split
+  const int64_t C = 24;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::mt19937 rng(9);
+    auto make = [&](Shape s, DType t, float lo, float hi) {
+      Tensor f = Tensor::empty(*pool, s, DType::f32, MemTag::activations);
+      replica::testing::fill_random(f, rng, lo, hi);
+      if (t == DType::f32) return f;
+      Tensor h = Tensor::empty(*pool, s, t, MemTag::activations);
+      convert(f.raw(), DType::f32, h.raw(), t, static_cast<size_t>(f.numel()));
+      return h;
+    };
+    Tensor x = make(sh, dt, -2.f, 2.f), dy0 = make(sh, dt, -1.f, 1.f), res = make(sh, dt, -1.f, 1.f);
+    Tensor gamma = make({C}, dt, 0.5f, 1.5f), beta = make({C}, dt, -0.5f, 0.5f);
+    std::vector<std::vector<char>> out[2];
+    for (int threads : {1, 2}) {
+      ops::set_intra_op_threads(threads);
+      auto empty = [&](Shape s, DType t) { return Tensor::empty(*pool, s, t, MemTag::activations); };
+      Tensor y = empty(sh, dt), mean = empty({C}, DType::f32), inv = empty({C}, DType::f32);
+      Tensor rm = Tensor::zeros(*pool, {C}, DType::f32, MemTag::activations), rv = Tensor::zeros(*pool, {C}, DType::f32, MemTag::activations);
+      be.batchnorm_forward_train(x, gamma, beta, y, mean, inv, rm, rv, 0.1f, 1e-5f, nullptr, true);
+      Tensor dy = empty(sh, dt), dx = empty(sh, dt), sum = empty(sh, dt);
+      std::memcpy(dy.raw(), dy0.raw(), dy0.nbytes());
+      Tensor dg = Tensor::zeros(*pool, {C}, DType::f32, MemTag::grads), db = Tensor::zeros(*pool, {C}, DType::f32, MemTag::grads);
+      be.batchnorm_backward(dy, x, gamma, mean, inv, dx, dg, db, nullptr, y);
+      be.add_relu(dx, res, sum);
+      auto& o = out[threads - 1];
+      for (const Tensor* t : {&y, &mean, &inv, &rm, &rv, &dy, &dx, &dg, &db, &sum})
+        o.emplace_back(static_cast<const char*>(t->raw()), static_cast<const char*>(t->raw()) + t->nbytes());
+    }
+    ops::set_intra_op_threads(1);
+    const char* names[] = {"y", "save_mean", "save_invstd", "running_mean", "running_var", "dy (masked)", "dx", "dgamma", "dbeta", "add_relu"};
+    for (size_t i = 0; i < out[0].size(); ++i) EXPECT_TRUE(out[0][i] == out[1][i]) << dtype_name(dt) << " " << names[i];
+  }
 }
 
 TEST(Checkpointing, BitIdenticalGradientsWithLessActivationMemory) {
