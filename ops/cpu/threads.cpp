@@ -1,4 +1,4 @@
-// Intra-op thread setting: a thread-local choice that the convolution kernels read.
+// Intra-op thread setting: a thread-local choice that the CPU kernels read (parallel_for.h).
 #include "ops/cpu/threads.h"
 
 #include <string>
