@@ -1,7 +1,7 @@
 // Intra-op threads for the CPU kernels. Data parallelism puts one replica on each core, so the
 // default is 1 thread per replica; a replica that owns several cores (cpu:1 on a 16-core machine)
-// can let its kernels use them
-// (convolutions, GEMMs, batch norm, elementwise ops: ops/cpu/parallel_for.h). Per calling thread (OpenMP's per-thread setting), so replicas can
+// can let its kernels use them (convolutions, GEMMs, batch norm and the elementwise ops, through
+// ops/cpu/parallel_for.h). Per calling thread (OpenMP's per-thread setting), so replicas can
 // differ. Without OpenMP in the build, only 1 is available.
 #pragma once
 
