@@ -44,9 +44,12 @@ bool serves_backward_data(const ConvGeom& g) {
 
 // Measured per ResNet-20 and ResNet-50 layer (bench/RESULTS.md): the direct weight gradient wins
 // on every layer with at most 64 input and output channels (up to 3x the GEMM on ResNet-20's)
-// and loses up to 1.7x on the wider ones, whose image it re-reads once per block of 6 taps x 16
-// channels; those keep im2col + GEMM.
-bool serves_backward_filter(const ConvGeom& g) { return available() && g.K % 8 == 0 && g.K <= 64 && g.C <= 64; }
+// and, since it works a band of output rows at a time, on the wide layers with at least 28 x 28
+// output pixels too (1.0-1.6x); on wide layers with small outputs (14 x 14, 7 x 7) it loses up to
+// 1.6x (each image's accumulators are loaded and stored for few pixels), so those keep im2col.
+bool serves_backward_filter(const ConvGeom& g) {
+  return available() && g.K % 8 == 0 && ((g.K <= 64 && g.C <= 64) || g.P * g.Q >= 28 * 28);
+}
 
 namespace {
 // Filter (i = tap (r, s, c), k) in the kernels' layout: blocks of 16 output channels (the last 8
@@ -110,6 +113,8 @@ __attribute__((target("avx2,fma"))) void block(const float* const* base, const f
 }
 
 constexpr int kPixels = 6;  // 6 x 2 accumulators + 2 filter vectors + 1 broadcast: 15 of 16 ymm
+// The weight gradient's band of output rows (dy rows plus the input rows they read), in bytes.
+constexpr int64_t kBandBytes = int64_t(128) << 10;
 
 // Weight gradient of NB filter taps (off[i]: tap i's offset from a pixel's top-left tap) x KV
 // vectors of output channels, accumulated in registers over every pixel of one image.
@@ -157,22 +162,33 @@ void backward_filter_image(const float* xpad, int64_t Wp, int64_t C, const float
                            int64_t S, int64_t stride, int64_t P, int64_t Q, float* dw) {
   const Taps t{C, K, R, S, Wp * C};
   const int64_t RSC = R * S * C;
-  for (int64_t j0 = 0; j0 < RSC; j0 += kPixels) {  // taps (r, s, c) in RSC order, across (r, s) ends
-    const int nb = static_cast<int>(std::min<int64_t>(kPixels, RSC - j0));
-    int64_t off[kPixels];
-    float* out[kPixels];
-    for (int i = 0; i < nb; ++i) {
-      const int64_t j = j0 + i, c = j % C, s = (j / C) % S, r = j / (C * S);
-      off[i] = r * t.row + s * C + c;
-      out[i] = dw + j * K;
-    }
-    switch (nb) {
-      case 6: filter_taps<6>(xpad, off, dy, t, stride, P, Q, out); break;
-      case 5: filter_taps<5>(xpad, off, dy, t, stride, P, Q, out); break;
-      case 4: filter_taps<4>(xpad, off, dy, t, stride, P, Q, out); break;
-      case 3: filter_taps<3>(xpad, off, dy, t, stride, P, Q, out); break;
-      case 2: filter_taps<2>(xpad, off, dy, t, stride, P, Q, out); break;
-      default: filter_taps<1>(xpad, off, dy, t, stride, P, Q, out); break;
+  // Output rows a band at a time, every block of taps over one band before the next: the band's
+  // dy rows and the input rows under them stay in L2 while all RSC / 6 tap blocks read them
+  // (over a whole wide image they were re-read from L3 once per tap block); dw's accumulators
+  // are loaded and stored once per band instead of once per image.
+  const int64_t row_bytes = (Q * K + stride * Wp * C) * static_cast<int64_t>(sizeof(float));
+  const int64_t band = std::clamp<int64_t>(kBandBytes / std::max<int64_t>(row_bytes, 1), 1, P);
+  for (int64_t p0 = 0; p0 < P; p0 += band) {
+    const int64_t rows = std::min(band, P - p0);
+    const float* xb = xpad + p0 * stride * t.row;
+    const float* db = dy + p0 * Q * K;
+    for (int64_t j0 = 0; j0 < RSC; j0 += kPixels) {  // taps (r, s, c) in RSC order, across (r, s) ends
+      const int nb = static_cast<int>(std::min<int64_t>(kPixels, RSC - j0));
+      int64_t off[kPixels];
+      float* out[kPixels];
+      for (int i = 0; i < nb; ++i) {
+        const int64_t j = j0 + i, c = j % C, s = (j / C) % S, r = j / (C * S);
+        off[i] = r * t.row + s * C + c;
+        out[i] = dw + j * K;
+      }
+      switch (nb) {
+        case 6: filter_taps<6>(xb, off, db, t, stride, rows, Q, out); break;
+        case 5: filter_taps<5>(xb, off, db, t, stride, rows, Q, out); break;
+        case 4: filter_taps<4>(xb, off, db, t, stride, rows, Q, out); break;
+        case 3: filter_taps<3>(xb, off, db, t, stride, rows, Q, out); break;
+        case 2: filter_taps<2>(xb, off, db, t, stride, rows, Q, out); break;
+        default: filter_taps<1>(xb, off, db, t, stride, rows, Q, out); break;
+      }
     }
   }
 }

@@ -24,8 +24,8 @@ bool serves_forward(const ConvGeom& g);
 // multiple of 8.
 bool serves_backward_data(const ConvGeom& g);
 
-// Backward filter: output channels a multiple of 8, at most 64 channels in and out (where it was
-// measured faster than the GEMM), any stride and padding.
+// Backward filter: output channels a multiple of 8, and at most 64 channels in and out or at
+// least 28 x 28 output pixels (where it was measured faster than the GEMM), any stride and padding.
 bool serves_backward_filter(const ConvGeom& g);
 
 // Filters, KRSC in, out in the kernels' layout: blocks of 16 output channels (the last 8 when

@@ -137,7 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          Geom{2, 6, 5, 24, 40, 3, 1, 0},   // no padding: dy padded by 2
                                          Geom{2, 28, 28, 16, 16, 3, 1, 1},  // ResNet-20 stage 1
                                          Geom{2, 14, 14, 32, 32, 3, 1, 1},  // stage 2
-                                         Geom{2, 7, 7, 64, 64, 3, 1, 1}),   // stage 3
+                                         Geom{2, 7, 7, 64, 64, 3, 1, 1},   // stage 3
+                                         Geom{1, 28, 28, 72, 80, 3, 1, 1}), // wide: weight gradient in 4 row bands
                        ::testing::Bool()),
     [](const ::testing::TestParamInfo<std::tuple<Geom, bool>>& i) {
       return name_of(std::get<0>(i.param)) + (std::get<1>(i.param) ? "_direct" : "_im2col");
