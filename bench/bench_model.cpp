@@ -2,19 +2,19 @@
 // each distinct convolution against a plain Eigen GEMM of the same (M, N, K).
 //   replica_bench_model [--arch resnet20] [--batch 128] [--steps 20] [--hw 28] [--channels 1] [--threads 1]
 //                       [--precision fp32,bf16,fp16]
-// With several precisions, one model per activation dtype is stepped in turn (one step each per
-// round), so a noisy machine's slow phases hit them alike; each prints img/s and its ratio to
-// the first, overall and as the median of the per-round ratios.
+// --precision names the activation dtype (default fp32). With several, one model per dtype is
+// stepped in turn (one step each per round), so a noisy machine's slow phases hit them alike;
+// each prints img/s and its ratio to the first, overall and as the median of the per-round ratios.
 #include <Eigen/Core>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <map>
-#include <sstream>
-#include <vector>
 #include <random>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/pools.h"
 #include "ops/cpu/threads.h"
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     else if (k == "--precision") {
       precisions.clear();
       std::stringstream list(argv[i + 1]);
-      for (std::string item; std::getline(list, item, ',');) precisions.push_back(parse_dtype(item == "fp32" ? "f32" : item == "fp16" ? "f16" : item));
+      for (std::string item; std::getline(list, item, ',');) precisions.push_back(parse_dtype(item));
     }
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
@@ -72,7 +72,6 @@ int main(int argc, char** argv) {
     m->materialize(*pool, 1, compute);
     return m;
   };
-  auto model = make_model(DType::f32);
   Tensor x = Tensor::empty(*pool, {batch, hw, hw, channels}, DType::f32, MemTag::activations);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
@@ -88,24 +87,24 @@ int main(int argc, char** argv) {
     m.zero_grad();
     m.backward(ctx, d);
   };
-  auto step = [&] { step_of(*model, DType::f32); };
-  if (precisions.size() > 1) {
-    std::vector<std::unique_ptr<nn::Model>> models;
-    for (DType p : precisions) models.push_back(make_model(p));
-    for (int i = 0; i < 3; ++i)
-      for (size_t m = 0; m < models.size(); ++m) step_of(*models[m], precisions[m]);
-    std::vector<double> total(models.size(), 0);
-    std::vector<std::vector<double>> ratios(models.size());
-    for (int64_t i = 0; i < steps; ++i) {
-      std::vector<double> t(models.size());
-      for (size_t m = 0; m < models.size(); ++m) {
-        auto t0 = Clock::now();
-        step_of(*models[m], precisions[m]);
-        t[m] = seconds_since(t0);
-        total[m] += t[m];
-      }
-      for (size_t m = 0; m < models.size(); ++m) ratios[m].push_back(t[0] / t[m]);
+  // One model per precision, stepped in turn; with one precision this is a plain timing loop.
+  std::vector<std::unique_ptr<nn::Model>> models;
+  for (DType p : precisions) models.push_back(make_model(p));
+  for (int i = 0; i < 3; ++i)
+    for (size_t m = 0; m < models.size(); ++m) step_of(*models[m], precisions[m]);
+  std::vector<double> total(models.size(), 0);
+  std::vector<std::vector<double>> ratios(models.size());
+  for (int64_t i = 0; i < steps; ++i) {
+    std::vector<double> t(models.size());
+    for (size_t m = 0; m < models.size(); ++m) {
+      auto t0 = Clock::now();
+      step_of(*models[m], precisions[m]);
+      t[m] = seconds_since(t0);
+      total[m] += t[m];
     }
+    for (size_t m = 0; m < models.size(); ++m) ratios[m].push_back(t[0] / t[m]);
+  }
+  if (models.size() > 1) {
     std::printf("# %s fwd+bwd, batch %ld, %ldx%ldx%ld, %d thread%s, %ld interleaved steps per precision\n", arch.c_str(),
                 batch, hw, hw, channels, threads, threads > 1 ? "s" : "", steps);
     std::printf("# %-9s %10s %14s %22s\n", "precision", "img/s", "vs first", "median per-step ratio");
@@ -118,14 +117,12 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  for (int i = 0; i < 3; ++i) step();
-  auto t0 = Clock::now();
-  for (int64_t i = 0; i < steps; ++i) step();
-  double dt = seconds_since(t0);
-  std::printf("# %s fwd+bwd, batch %ld, %ldx%ldx%ld, %d thread%s\n", arch.c_str(), batch, hw, hw, channels, threads,
-              threads > 1 ? "s" : "");
+  const double dt = total[0];
+  std::printf("# %s fwd+bwd, batch %ld, %ldx%ldx%ld, %d thread%s, %s activations\n", arch.c_str(), batch, hw, hw,
+              channels, threads, threads > 1 ? "s" : "", dtype_name(precisions[0]));
   std::printf("replica img/s %.1f  (%.1f ms/step, peak pool in use %.1f MiB)\n", steps * batch / dt,
               1e3 * dt / steps, pool->stats().peak_in_use / 1048576.0);
+  auto& model = models[0];
 
   if (!shapes_table) return 0;
   // Per-shape conv GFLOP/s (forward, backward-data, backward-filter) against Eigen GEMM.
