@@ -189,6 +189,10 @@ class KernelImages {
     const size_t esize = dtype_size(t_.dtype());
     const char* src = static_cast<const char*>(t_.raw()) + static_cast<size_t>(n * image_) * esize;
     float* dst = bufs_[thread]->p;
+    if (!pg.pad) {  // a 16-bit image without padding: contiguous, one conversion
+      convert(src, t_.dtype(), dst, DType::f32, static_cast<size_t>(image_));
+      return dst;
+    }
     const int64_t row = pg.W * pg.C;
     for (int64_t h = 0; h < pg.H; ++h)
       convert(src + static_cast<size_t>(h * row) * esize, t_.dtype(), dst + ((h + pg.pad) * pg.Wp() + pg.pad) * pg.C,

@@ -91,19 +91,11 @@ int64_t channels_of(const Tensor& x, const char* who) {
 // Per-block sums over the rows of an [M, C] matrix: f32 partial sums over blocks of
 // Rows::kBlock rows (they vectorise across C), folded into double in block order so long
 // reductions keep their precision. block(i0, n, part, thread) adds rows [i0, i0 + n) into part
-// (width floats, acc[acc_offset ..] receives them). With intra-op threads the blocks' partials
-// are computed in parallel and then folded in the same order: the same bits as one thread.
+// (width floats, acc[acc_offset ..] receives them). Every block keeps its own partial, so with
+// intra-op threads the blocks run in parallel and the fold is still in block order: the same
+// bits for any thread count.
 template <typename BlockFn>
 void block_sums(const RowBlocks& rb, int64_t width, std::vector<double>& acc, int64_t acc_offset, BlockFn&& block) {
-  if (rb.threads == 1) {
-    std::vector<float> part(width);
-    for (int64_t b = 0; b < rb.count; ++b) {
-      std::fill(part.begin(), part.end(), 0.f);
-      block(rb.first(b), rb.rows(b), part.data(), 0);
-      for (int64_t c = 0; c < width; ++c) acc[acc_offset + c] += part[c];
-    }
-    return;
-  }
   // The calling thread's scratch, reused (a fresh vector per call would fault its pages in
   // again). Named through a plain pointer: inside the parallel loop `scratch` would be each
   // worker's own thread_local, not this one.
@@ -113,6 +105,17 @@ void block_sums(const RowBlocks& rb, int64_t width, std::vector<double>& acc, in
   parallel_for(rb.count, rb.threads, [&](int64_t b, int t) { block(rb.first(b), rb.rows(b), parts + b * width, t); });
   for (int64_t b = 0; b < rb.count; ++b)
     for (int64_t c = 0; c < width; ++c) acc[acc_offset + c] += parts[b * width + c];
+}
+
+// A fused ReLU's mask applied to rows [i0, i0 + n) of dy in place (pdy: those rows as read),
+// inside a backward pass's first sweep rather than a pass of its own; returns the masked rows,
+// which the caller's later passes read back from dy.
+const float* mask_rows(Rows& DY, Rows& RY, const float* pdy, int64_t i0, int64_t n, int64_t C, int t) {
+  const float* py = RY.in(i0, n, t);
+  float* m = DY.out(i0, t);
+  for (int64_t i = 0; i < n * C; ++i) m[i] = py[i] > 0.f ? pdy[i] : 0.f;
+  DY.put(i0, n, t);
+  return m;
 }
 
 // y = x * a[c] + b[c], then max(., 0) when a ReLU is fused (NaN stays NaN, as relu_forward).
@@ -220,15 +223,7 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
   block_sums(rb, 2 * C, acc, 0, [&](int64_t i0, int64_t n, float* part, int t) {
     const float* pdy = DY.in(i0, n, t);
     const float* px = X.in(i0, n, t);
-    if (relu) {
-      // The fused ReLU's mask, applied to dy in place in this pass (not a pass of its own):
-      // the second pass reads the masked dy back.
-      const float* py = RY.in(i0, n, t);
-      float* m = DY.out(i0, t);
-      for (int64_t i = 0; i < n * C; ++i) m[i] = py[i] > 0.f ? pdy[i] : 0.f;
-      DY.put(i0, n, t);
-      pdy = m;
-    }
+    if (relu) pdy = mask_rows(DY, RY, pdy, i0, n, C, t);
     float* p1 = part;
     float* p2 = part + C;
     for (int64_t i = 0; i < n; ++i) {
@@ -271,18 +266,20 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
 void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                            const Tensor& mean, const Tensor& invstd, const Tensor& dx,
                                            const Tensor& dgamma, const Tensor& dbeta, const Tensor& relu_y) {
-  if (relu_y.defined()) relu_backward(relu_y, dy, dy);
   const int64_t C = channels_of(x, "batchnorm_backward_frozen"), M = x.numel() / C;
   require_same(x, dy, "batchnorm_backward_frozen");
   require_same(x, dx, "batchnorm_backward_frozen");
+  const bool relu = relu_y.defined();
+  if (relu) require_same(x, relu_y, "batchnorm_backward_frozen");
   apply_thread_default();
   const RowBlocks rb(M);
-  Rows X(x, C, rb.threads), DY(dy, C, rb.threads), DX(dx, C, rb.threads);
+  Rows X(x, C, rb.threads), DY(dy, C, rb.threads), DX(dx, C, rb.threads), RY(relu ? relu_y : x, C, rb.threads);
   const float* mu = mean.data<float>();
   const float* inv = invstd.data<float>();
   std::vector<double> acc(2 * C, 0.0);
   block_sums(rb, C, acc, 0, [&](int64_t i0, int64_t n, float* part, int t) {
     const float* pdy = DY.in(i0, n, t);
+    if (relu) pdy = mask_rows(DY, RY, pdy, i0, n, C, t);  // the later passes read the masked dy
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) part[c] += pdy[i * C + c];
   });

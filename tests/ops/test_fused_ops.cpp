@@ -1,6 +1,7 @@
-// Fused CPU kernels against their unfused sequence, bit for bit: batch-norm backward with the
-// ReLU's mask folded into its first pass equals relu_backward followed by the plain backward, in
-// f32, f16 and bf16 (dx, dgamma, dbeta, and dy as masked in place).
+// Fused CPU kernels against their unfused sequence, bit for bit: batch-norm backward (on the
+// batch's statistics, and frozen on running ones) with the ReLU's mask folded into its first pass
+// equals relu_backward followed by the plain backward, in f32, f16 and bf16 (dx, dgamma, dbeta,
+// and dy as masked in place).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -33,8 +34,9 @@ bool same_bits(const Tensor& a, const Tensor& b) { return a.nbytes() == b.nbytes
 
 class FusedOps : public ::testing::TestWithParam<DType> {};
 
-TEST_P(FusedOps, BatchNormBackwardWithTheReluMaskEqualsMaskThenBackward) {
-  const DType dt = GetParam();
+// Runs batch-norm backward (frozen or not) once with the ReLU mask fused and once after a
+// separate relu_backward, on the same inputs, and checks every output for the same bits.
+void check_fused_relu(bool frozen, DType dt) {
   auto pool = replica::testing::test_pool();
   auto& be = ops::backend_for(pool->device());
   std::mt19937 rng(5);
@@ -48,10 +50,13 @@ TEST_P(FusedOps, BatchNormBackwardWithTheReluMaskEqualsMaskThenBackward) {
   Tensor dg0 = filled(*pool, {C}, DType::f32, rng, -1.f, 1.f), db0 = filled(*pool, {C}, DType::f32, rng, -1.f, 1.f);
   Tensor dg[2] = {copy_of(*pool, dg0), copy_of(*pool, dg0)}, db[2] = {copy_of(*pool, db0), copy_of(*pool, db0)};
   Tensor dx[2] = {Tensor::empty(*pool, sh, dt, MemTag::activations), Tensor::empty(*pool, sh, dt, MemTag::activations)};
-
-  be.batchnorm_backward(dy_fused, x, gamma, mean, inv, dx[0], dg[0], db[0], nullptr, y);
+  auto backward = [&](const Tensor& dy, int i, const Tensor& relu_y) {
+    if (frozen) be.batchnorm_backward_frozen(dy, x, gamma, mean, inv, dx[i], dg[i], db[i], relu_y);
+    else be.batchnorm_backward(dy, x, gamma, mean, inv, dx[i], dg[i], db[i], nullptr, relu_y);
+  };
+  backward(dy_fused, 0, y);
   be.relu_backward(y, dy_plain, dy_plain);
-  be.batchnorm_backward(dy_plain, x, gamma, mean, inv, dx[1], dg[1], db[1], nullptr, Tensor());
+  backward(dy_plain, 1, Tensor());
 
   EXPECT_TRUE(same_bits(dy_fused, dy_plain)) << "dy masked in place";
   EXPECT_TRUE(same_bits(dx[0], dx[1])) << "dx";
@@ -65,6 +70,10 @@ TEST_P(FusedOps, BatchNormBackwardWithTheReluMaskEqualsMaskThenBackward) {
   EXPECT_GT(zeros, f.numel() / 4);
   EXPECT_LT(zeros, 3 * f.numel() / 4);
 }
+
+TEST_P(FusedOps, BatchNormBackwardWithTheReluMaskEqualsMaskThenBackward) { check_fused_relu(false, GetParam()); }
+
+TEST_P(FusedOps, FrozenBatchNormBackwardWithTheReluMaskEqualsMaskThenBackward) { check_fused_relu(true, GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedOps, ::testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
