@@ -5,8 +5,9 @@
 
 #include "core/errors.h"
 
+#include "core/cpu_features.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
 #include <immintrin.h>
 #define REPLICA_X86_DISPATCH 1
 #endif
@@ -16,15 +17,8 @@ namespace replica {
 #ifdef REPLICA_X86_DISPATCH
 namespace {
 // f16 <-> f32 by the F16C instructions, compiled for them whatever -march says and entered only
-// when the CPU has them (checked once at run time); the scalar loops below are the fallback and
+// when the CPU has them (core/cpu_features.h); the scalar loops below are the fallback and
 // finish the tail. The hardware rounds to nearest even, as float_to_half does (tested).
-bool has_f16c() {
-  static const bool yes = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && __builtin_cpu_supports("avx");
-  }();
-  return yes;
-}
 __attribute__((target("avx,f16c"))) size_t f32_to_f16_f16c(const float* s, Half* d, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -36,10 +30,6 @@ __attribute__((target("avx,f16c"))) size_t f16_to_f32_f16c(const Half* s, float*
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
   return i;
-}
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
 }
 // f32 -> bf16, round to nearest even, NaN kept quiet: float_to_bf16's bits (tested on every
 // pattern), 16 at a time. NaN is rare, so the blend that quiets it runs only for a block that
@@ -146,7 +136,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* d = static_cast<Half*>(dst);
     size_t i = 0;
 #ifdef REPLICA_X86_DISPATCH
-    if (has_f16c()) i = f32_to_f16_f16c(s, d, n);
+    if (cpu_has_f16c()) i = f32_to_f16_f16c(s, d, n);
 #endif
     for (; i < n; ++i) d[i] = float_to_half(s[i]);
     return;
@@ -156,7 +146,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* d = static_cast<float*>(dst);
     size_t i = 0;
 #ifdef REPLICA_X86_DISPATCH
-    if (has_f16c()) i = f16_to_f32_f16c(s, d, n);
+    if (cpu_has_f16c()) i = f16_to_f32_f16c(s, d, n);
 #endif
     for (; i < n; ++i) d[i] = half_to_float(s[i]);
     return;
@@ -167,7 +157,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* d = static_cast<char*>(dst);
     size_t i = 0;
 #ifdef REPLICA_X86_DISPATCH
-    if (has_avx2()) i = f32_to_bf16_avx2(s, d, n);
+    if (cpu_has_avx2()) i = f32_to_bf16_avx2(s, d, n);
 #endif
     for (; i < n; ++i) {
       uint32_t x;
@@ -184,7 +174,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* d = static_cast<char*>(dst);
     size_t i = 0;
 #ifdef REPLICA_X86_DISPATCH
-    if (has_avx2()) i = bf16_to_f32_avx2(s, d, n);
+    if (cpu_has_avx2()) i = bf16_to_f32_avx2(s, d, n);
 #endif
     for (; i < n; ++i) {  // bf16_to_float, vectorised
       uint16_t b;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "core/cpu_features.h"
 #include "core/env.h"
 #include "core/errors.h"
 
@@ -20,8 +21,7 @@ namespace replica::ops::direct {
 namespace {
 bool cpu_has_avx2_fma() {
 #ifdef REPLICA_DIRECT_AVX2
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
+  return cpu_has_avx2() && cpu_has_fma();
 #else
   return false;
 #endif
