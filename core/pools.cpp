@@ -2,6 +2,7 @@
 #include "core/pools.h"
 
 #include "core/cuda/runtime.h"
+#include "core/memory/shared_host_memory.h"
 
 namespace replica {
 
@@ -13,7 +14,10 @@ PoolOptions default_pool_options(DeviceKind kind) {
 
 std::unique_ptr<MemoryPool> make_pool(const Device& device, const PoolOptions& options) {
   std::unique_ptr<Upstream> up;
-  if (device.kind == DeviceKind::cpu) up = std::make_unique<HostUpstream>();
+  if (device.kind == DeviceKind::cpu && options.shared_across_processes && options.mode != AllocatorMode::platform)
+    up = std::make_unique<SharedHostUpstream>();
+  else if (device.kind == DeviceKind::cpu)
+    up = std::make_unique<HostUpstream>();
   else up = cuda::make_device_upstream(device);
   return std::make_unique<MemoryPool>(device, std::move(up), options);
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/cuda/runtime.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/pools.h"
 #include "parallel/gradient_sync.h"
@@ -94,6 +95,12 @@ PoolOptions pool_options_for(const std::vector<Device>& devices, size_t r, const
     po.fraction /= static_cast<double>(sharing);
     po.bytes /= static_cast<size_t>(sharing);
   }
+  // Under mpirun the node all-reduce reads and writes the process leaders' buffers in place
+  // when they lie in memory the other processes can map (core/memory/shared_host_memory.h);
+  // REPLICA_MPI_ZERO_COPY=0 keeps private pages, and the all-reduce copies through its window.
+  if (devices[r].kind == DeviceKind::cpu && launched_by_mpi() && env_flag("REPLICA_MPI_SHM", true) &&
+      env_flag("REPLICA_MPI_ZERO_COPY", true))
+    po.shared_across_processes = true;
   return po;
 }
 }  // namespace

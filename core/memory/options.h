@@ -16,6 +16,10 @@ struct PoolOptions {
   double fraction = 0.75;   // of the device's total memory: the preallocated region or the limit
   size_t bytes = 0;         // absolute capacity; overrides fraction when non-zero
   size_t growth_initial = size_t(2) << 20;  // first region in growth mode (doubles after)
+  // Host regions from memfds that the job's other processes on this machine can map
+  // (core/memory/shared_host_memory.h); set by ReplicaGroup under mpirun. Not in platform mode,
+  // where every tensor is its own region.
+  bool shared_across_processes = false;
   // Where each setting came from, for error messages ("REPLICA_MEM_FRACTION", "memory.fraction").
   std::string mode_source = "default", fraction_source = "default";
 };

@@ -9,11 +9,14 @@
 
 #include "core/env.h"
 #include "core/errors.h"
+#include "core/memory/shared_host_memory.h"
 
 namespace replica::parallel {
 
 namespace {
-constexpr size_t kHeader = 64;  // the barrier counter and each half's shift, one cache line
+// Three cache lines: the barrier counter and each half's shift; the published buffer; the claim
+// counter (used in rank 0's segment), each on its own line so polling one does not slow another.
+constexpr size_t kHeader = 192;
 // A half is a chunk plus one page: its data starts where its address is half a page away from
 // the caller's buffer modulo 4 KiB (the shift, in floats, published in the header), because a copy
 // between addresses that agree in their low 12 bits runs at half speed (4K aliasing: measured
@@ -24,6 +27,17 @@ constexpr size_t kSegment = kHeader + 2 * kHalf;
 
 unsigned long long load(unsigned long long* c) {
   return std::atomic_ref<unsigned long long>(*c).load(std::memory_order_acquire);
+}
+// The published fields are written before a barrier and read after it (the barrier orders them).
+void put(uint64_t& f, uint64_t v) { std::atomic_ref<uint64_t>(f).store(v, std::memory_order_relaxed); }
+uint64_t get(uint64_t& f) { return std::atomic_ref<uint64_t>(f).load(std::memory_order_relaxed); }
+
+// acc = max(acc, s) or acc + s over m floats; the loops vectorise.
+void accumulate(float* acc, const float* s, size_t m, bool max) {
+  if (max)
+    for (size_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], s[i]);
+  else
+    for (size_t i = 0; i < m; ++i) acc[i] += s[i];
 }
 }  // namespace
 
@@ -66,11 +80,16 @@ NodeAllReduce::NodeAllReduce(MPI_Comm node, MPI_Win win, int rank, int size, std
     char* c = static_cast<char*>(p);
     auto* f = reinterpret_cast<float*>(c + kHeader);
     auto* header = reinterpret_cast<unsigned long long*>(c);
-    seg_.push_back({header, {header + 1, header + 2}, {f, f + kHalf / sizeof(float)}});
+    seg_.push_back({header, {header + 1, header + 2}, {f, f + kHalf / sizeof(float)},
+                    reinterpret_cast<Published*>(c + 64), reinterpret_cast<unsigned long long*>(c + 128)});
   }
+  mapped_.resize(size_);
+  seen_released_.assign(size_, 0);
 }
 
 NodeAllReduce::~NodeAllReduce() {
+  for (auto& m : mapped_)
+    for (auto& [id, map] : m) unmap_peer_region(map.base, map.bytes);
   MPI_Win_unlock_all(win_);
   MPI_Win_free(&win_);
   MPI_Comm_free(&node_);
@@ -116,10 +135,8 @@ void NodeAllReduce::reduce_slice(int h, size_t lo, size_t hi, float* out, bool m
       const float* s = (q == rank_ ? out : data(q, h)) + b;
       if (q == 0)
         std::memcpy(acc, s, m * sizeof(float));
-      else if (max)
-        for (size_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], s[i]);
       else
-        for (size_t i = 0; i < m; ++i) acc[i] += s[i];
+        accumulate(acc, s, m, max);
     }
     std::memcpy(result + b, acc, m * sizeof(float));
     std::memcpy(out + b, acc, m * sizeof(float));
@@ -127,6 +144,105 @@ void NodeAllReduce::reduce_slice(int h, size_t lo, size_t hi, float* out, bool m
 }
 
 void NodeAllReduce::all_reduce(float* d, size_t n, bool max, const std::string& what) {
+  if (n == 0) return;  // the same n on every process: none of them takes part
+  if (in_place(d, n, max, what)) {
+    ++in_place_;
+    return;
+  }
+  ++copied_;
+  copy_through_window(d, n, max, what);
+}
+
+// Process q's region p mapped here (mapping it again if it was dropped); null if that fails.
+char* NodeAllReduce::peer_base(int q, Published& p) {
+  auto& m = mapped_[q];
+  const uint64_t id = get(p.id);
+  if (auto it = m.find(id); it != m.end()) return static_cast<char*>(it->second.base);
+  const size_t bytes = get(p.bytes);
+  void* base = map_peer_region(static_cast<int>(get(p.pid)),
+                               static_cast<int>(get(p.fd)), bytes);
+  if (!base) return nullptr;
+  m[id] = {base, bytes};
+  return static_cast<char*>(base);
+}
+
+bool NodeAllReduce::in_place(float* d, size_t n, bool max, const std::string& what) {
+  SharedRegion region;
+  const bool shared = find_shared_region(d, n * sizeof(float), &region);
+  Published& mine = *seg_[rank_].pub;
+  put(mine.id, shared ? region.id : 0);
+  put(mine.pid, static_cast<uint64_t>(region.pid));
+  put(mine.fd, static_cast<uint64_t>(region.fd));
+  put(mine.bytes, region.bytes);
+  put(mine.offset, shared ? static_cast<uint64_t>(reinterpret_cast<const char*>(d) - region.base) : 0);
+  put(mine.released, shared_regions_released());
+  barrier(what);
+  // From here on every process reads the same headers and holds the same agreed_ and refused_
+  // sets, so all of them take the same path; the headers are not written again before another
+  // barrier (the copy path has two per chunk, this one ends with one).
+  bool ask = false;
+  for (int q = 0; q < size_; ++q) {
+    const uint64_t id = get(seg_[q].pub->id);
+    if (id == 0 || refused_.count({q, id})) return false;
+    ask |= !agreed_.count({q, id});
+  }
+  for (int q = 0; q < size_; ++q) {  // a process that gave regions back: drop its old ones here
+    const uint64_t released = get(seg_[q].pub->released), id = get(seg_[q].pub->id);
+    if (q == rank_ || released == seen_released_[q]) continue;
+    seen_released_[q] = released;
+    for (auto it = mapped_[q].begin(); it != mapped_[q].end();) {
+      if (it->first == id) {
+        ++it;
+        continue;
+      }
+      unmap_peer_region(it->second.base, it->second.bytes);
+      it = mapped_[q].erase(it);
+    }
+  }
+  std::vector<float*> bufs(size_);
+  bool ok = true;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) {
+      bufs[q] = d;
+      continue;
+    }
+    char* base = peer_base(q, *seg_[q].pub);
+    ok &= base != nullptr;
+    bufs[q] = base ? reinterpret_cast<float*>(base + get(seg_[q].pub->offset)) : nullptr;
+  }
+  if (ask) {  // a region not seen before: did every process map every other one?
+    put(mine.ok, ok);
+    barrier(what);
+    bool all = true;
+    for (int q = 0; q < size_; ++q) all &= get(seg_[q].pub->ok) != 0;
+    for (int q = 0; q < size_; ++q) (all ? agreed_ : refused_).insert({q, get(seg_[q].pub->id)});
+    if (!all) return false;
+  } else if (!ok) {
+    throw CommError("shared-memory " + what + ": could not map again another process's buffer, which this " +
+                    "process had mapped before");
+  }
+  // Units claimed from one counter (fast processes take more); each reduced in rank order.
+  const size_t units = (n + kUnitFloats - 1) / kUnitFloats;
+  std::atomic_ref<unsigned long long> claim(*seg_[0].claim);
+  constexpr size_t kBlock = 512;  // an L1-resident accumulator
+  float acc[kBlock];
+  for (;;) {
+    const size_t u = static_cast<size_t>(claim.fetch_add(1, std::memory_order_relaxed) - claimed_);
+    if (u >= units) break;
+    const size_t hi = std::min(n, (u + 1) * kUnitFloats);
+    for (size_t b = u * kUnitFloats; b < hi; b += kBlock) {
+      const size_t m = std::min(kBlock, hi - b);
+      std::memcpy(acc, bufs[0] + b, m * sizeof(float));
+      for (int q = 1; q < size_; ++q) accumulate(acc, bufs[q] + b, m, max);
+      for (int q = 0; q < size_; ++q) std::memcpy(bufs[q] + b, acc, m * sizeof(float));
+    }
+  }
+  claimed_ += units + static_cast<unsigned long long>(size_);  // every process's last claim fails once
+  barrier(what);  // every buffer holds the whole result before any process returns
+  return true;
+}
+
+void NodeAllReduce::copy_through_window(float* d, size_t n, bool max, const std::string& what) {
   for (size_t off = 0; off < n; off += kChunkFloats) {
     const size_t m = std::min(kChunkFloats, n - off);
     const int h = static_cast<int>(chunks_++ & 1);  // this half was last read two barriers ago

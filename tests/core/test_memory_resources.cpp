@@ -12,6 +12,7 @@
 #include "core/memory/adaptors.h"
 #include "core/memory/best_fit_pool.h"
 #include "core/memory/direct_resource.h"
+#include "core/memory/shared_host_memory.h"
 #include "core/memory/step_plan_resource.h"
 #include "support/queue_stream.h"
 
@@ -75,6 +76,36 @@ TEST(LimitedUpstream, RefusesPastItsLimitAndCountsEveryCall) {
   EXPECT_EQ(up.peak_outstanding(), 10 * MiB);
   EXPECT_EQ(up.calls(), 3u);
   up.deallocate(b, 4 * MiB);
+}
+
+// What another process of an MPI job does with a shared region, done here with this process's own
+// pid: it finds the region that holds a buffer, maps it through /proc, and sees the same memory.
+TEST(SharedHostUpstream, ARegionIsFoundMappedElsewhereAndForgottenWhenGivenBack) {
+  SharedHostUpstream up;
+  const size_t bytes = (size_t(1) << 20) + 100;  // not a whole number of pages
+  auto* p = static_cast<float*>(up.allocate(bytes));
+  ASSERT_NE(p, nullptr);
+  SharedRegion r;
+  ASSERT_TRUE(find_shared_region(p + 1000, 4096, &r)) << "memfd_create is missing";
+  EXPECT_EQ(r.base, reinterpret_cast<const char*>(p));
+  EXPECT_EQ(r.bytes, (bytes + 4095) / 4096 * 4096);
+  EXPECT_NE(r.id, 0u);
+  EXPECT_FALSE(find_shared_region(p + r.bytes / 4 - 1, 8, nullptr)) << "runs past the region's end";
+  float local = 0;
+  EXPECT_FALSE(find_shared_region(&local, sizeof local, &r)) << "stack memory is not shared";
+  auto* q = static_cast<float*>(map_peer_region(r.pid, r.fd, r.bytes));
+  ASSERT_NE(q, nullptr);
+  ASSERT_NE(q, p);
+  p[12345] = 3.5f;
+  EXPECT_EQ(q[12345], 3.5f) << "the second mapping sees the first one's writes";
+  q[7] = -1.f;
+  EXPECT_EQ(p[7], -1.f);
+  unmap_peer_region(q, r.bytes);
+  const uint64_t before = shared_regions_released();
+  up.deallocate(p, bytes);
+  EXPECT_EQ(shared_regions_released(), before + 1);
+  EXPECT_FALSE(find_shared_region(p, 4, &r));
+  EXPECT_EQ(map_peer_region(r.pid, 1 << 20, 4096), nullptr) << "no such descriptor: null, not a throw";
 }
 
 TEST(BestFitPool, PreallocateTakesEverythingOnceAndNeverAsksAgain) {

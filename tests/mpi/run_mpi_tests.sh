@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The mpi-labelled tests: collectives over 2 processes x 2 replicas, through the node's shared
-# window and (REPLICA_MPI_SHM=0) through MPI's own collectives; 2 processes x 1 replica train
+# The mpi-labelled tests: collectives over 2 processes x 2 replicas, in place over the pools'
+# shared memory, through the node's shared window (REPLICA_MPI_ZERO_COPY=0: private pools) and
+# (REPLICA_MPI_SHM=0) through MPI's own collectives; 2 processes x 1 replica train
 # to the same bits as 1 process x 2 replicas; a rank that throws takes the job down within 30 s
 # with a message naming it; a rank that stops taking part is named by the one that times out.
 # OpenMPI as root needs --allow-run-as-root; --oversubscribe lets 2 processes share a 2-core machine with their helper threads; single-copy (CMA) is off because
@@ -12,8 +13,9 @@ mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl_vade
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-echo "== collectives over MPI (between processes: the shared window, then MPI's own collectives)"
+echo "== collectives over MPI (between processes: in place, the shared window, then MPI's own collectives)"
 "${mpirun[@]}" "$build/tests/test_mpi_collectives"
+"${mpirun[@]}" -x REPLICA_MPI_ZERO_COPY=0 "$build/tests/test_mpi_collectives"
 "${mpirun[@]}" -x REPLICA_MPI_SHM=0 "$build/tests/test_mpi_collectives"
 
 echo "== 2 processes x 1 replica == 1 process x 2 replicas"

@@ -9,7 +9,10 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "core/memory/shared_host_memory.h"
+#include "core/tensor.h"
 #include "parallel/mpi/mpi_communicator.h"
+#include "parallel/mpi/node_shared_memory.h"
 #include "parallel/replica_group.h"
 
 using namespace replica;
@@ -41,6 +44,16 @@ TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
           if (op == ReduceOp::avg) want /= world;
           ASSERT_NEAR(b[i], want, 1e-4) << reduce_op_name(op) << " n=" << n << " i=" << i;
         }
+      }
+      // f32 sum in pool memory: between the processes' leaders in place (their pools are shared
+      // under mpirun), bit for bit the result of the copy path above
+      {
+        Tensor t = Tensor::empty(rep.pool(), {static_cast<int64_t>(n)}, DType::f32, MemTag::grads);
+        std::vector<float> b(n);
+        for (size_t i = 0; i < n; ++i) b[i] = t.data<float>()[i] = value(r, i);
+        c.all_reduce(t.raw(), n, DType::f32, ReduceOp::sum);
+        c.all_reduce(b.data(), n, DType::f32, ReduceOp::sum);
+        ASSERT_EQ(0, std::memcmp(t.raw(), b.data(), n * sizeof(float))) << "n=" << n;
       }
       // f16 / bf16: small integers, exact in 16 bits
       for (DType dt : {DType::f16, DType::bf16}) {
@@ -86,6 +99,53 @@ TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
   }
 }
 
+// The node all-reduce's two paths: in place when every process's buffer is in shared pool memory
+// (at a different offset in each), copied through the window otherwise (a private buffer, or one
+// process's private buffer among shared ones). Both give the same bits (each sums in rank order);
+// a region given back and replaced by a new one is mapped again.
+TEST(Mpi, NodeAllReduceInPlaceAndCopiedGiveTheSameBits) {
+  if (!launched_by_mpi()) GTEST_SKIP() << "run under mpirun (tests/mpi/run_mpi_tests.sh)";
+  const MpiProcess proc = mpi_process();
+  auto node = NodeAllReduce::create(MPI_COMM_WORLD, std::chrono::seconds(20), 1);
+  if (!node) GTEST_SKIP() << "REPLICA_MPI_SHM=0: no shared window";
+  SharedHostUpstream up;
+  const size_t n = 3 * NodeAllReduce::kUnitFloats + 4097;  // several units and a ragged tail
+  const size_t bytes = (n + 64) * sizeof(float);
+  // Multiples of 1/64 below 2^10: every sum is exact, whatever the order.
+  auto term = [](int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 2654435761u) % 2001) - 1000) / 64.f + rank; };
+  auto want = [&](size_t i, bool max) {
+    float w = term(0, i);
+    for (int q = 1; q < proc.size; ++q) w = max ? std::max(w, term(q, i)) : w + term(q, i);
+    return w;
+  };
+  for (bool max : {false, true}) {
+    auto* region = static_cast<float*>(up.allocate(bytes));
+    SharedRegion where;
+    ASSERT_TRUE(find_shared_region(region, bytes, &where)) << "memfd_create failed";
+    float* shared = region + 37 + 5 * proc.rank;
+    std::vector<float> copied(n);
+    for (size_t i = 0; i < n; ++i) shared[i] = copied[i] = term(proc.rank, i);
+    node->all_reduce(shared, n, max, "in place");
+    node->all_reduce(copied.data(), n, max, "copied");
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(shared[i], copied[i]) << "in place against copied, max=" << max << " i=" << i;
+      ASSERT_EQ(copied[i], want(i, max)) << "max=" << max << " i=" << i;
+    }
+    up.deallocate(region, bytes);  // the next round's region is a new one
+  }
+  EXPECT_EQ(node->in_place_count(), 2u);
+  EXPECT_EQ(node->copied_count(), 2u);
+  auto* region = static_cast<float*>(up.allocate(bytes));
+  std::vector<float> own(n);
+  float* mixed = proc.rank == 0 ? region : own.data();
+  for (size_t i = 0; i < n; ++i) mixed[i] = term(proc.rank, i);
+  node->all_reduce(mixed, n, false, "mixed");
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(mixed[i], want(i, false)) << "mixed, i=" << i;
+  EXPECT_EQ(node->in_place_count(), 2u);
+  EXPECT_EQ(node->copied_count(), 3u);
+  up.deallocate(region, bytes);
+}
+
 TEST(Mpi, AFailingRankTakesTheJobDown) {
   if (g_fail_rank < 0) GTEST_SKIP() << "only with --fail-rank N";
   ReplicaGroup group(parse_devices("cpu:1"), {});
@@ -123,7 +183,7 @@ int main(int argc, char** argv) {
     else if (std::string(argv[i]) == "--stall-rank") g_stall_rank = std::atoi(argv[i + 1]);
   if (g_fail_rank >= 0) ::testing::GTEST_FLAG(filter) = "Mpi.AFailingRankTakesTheJobDown";
   else if (g_stall_rank >= 0) ::testing::GTEST_FLAG(filter) = "Mpi.AStoppedRankIsNamedByTheOthers";
-  else ::testing::GTEST_FLAG(filter) = "Mpi.EveryCollective*";
+  else ::testing::GTEST_FLAG(filter) = "Mpi.EveryCollective*:Mpi.NodeAllReduce*";
   int rc = RUN_ALL_TESTS();
   return rc;
 }
