@@ -265,7 +265,9 @@ class HostCommunicator : public Communicator {
         const size_t units = (s.count + kUnit - 1) / kUnit;
         std::vector<void*> outs(R);
         for (int r = 0; r < R; ++r) outs[r] = state_->slot(r).recv;
-        constexpr size_t kBlock = 2048;  // 8 KiB of f32 partial sums
+        // 2 KiB of f32 partial sums: a block's partials, its R inputs and R outputs stay in L1
+        // (2048 floats, 40 KiB for 2 ranks, did not: 8 MiB median 8.3 -> 13.6 GB/s, bench/RESULTS.md).
+        constexpr size_t kBlock = 512;
         float acc[kBlock];
         for (size_t u = state_->claim(); u < units; u = state_->claim()) {
           const size_t lo = u * kUnit, hi = std::min(s.count, lo + kUnit);
