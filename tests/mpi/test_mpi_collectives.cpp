@@ -4,6 +4,9 @@
 // with a message naming it); `--stall-rank N` makes it stop taking part (the others must name it).
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -101,8 +104,9 @@ TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
 
 // The node all-reduce's two paths: in place when every process's buffer is in shared pool memory
 // (at a different offset in each), copied through the window otherwise (a private buffer, or one
-// process's private buffer among shared ones). Both give the same bits (each sums in rank order);
-// a region given back and replaced by a new one is mapped again.
+// process's private buffer among shared ones, or a region another process cannot map). Both give
+// the same bits (each sums in rank order); a region given back and replaced by a new one is
+// mapped again; a region refused once is not tried again.
 TEST(Mpi, NodeAllReduceInPlaceAndCopiedGiveTheSameBits) {
   if (!launched_by_mpi()) GTEST_SKIP() << "run under mpirun (tests/mpi/run_mpi_tests.sh)";
   const MpiProcess proc = mpi_process();
@@ -144,6 +148,26 @@ TEST(Mpi, NodeAllReduceInPlaceAndCopiedGiveTheSameBits) {
   EXPECT_EQ(node->in_place_count(), 2u);
   EXPECT_EQ(node->copied_count(), 3u);
   up.deallocate(region, bytes);
+  // A region the others cannot map (process 1's descriptor now names /dev/null, which mmap
+  // refuses): process 0 says so, and every process copies, with the right sum.
+  auto* unmappable = static_cast<float*>(up.allocate(bytes));
+  SharedRegion where;
+  ASSERT_TRUE(find_shared_region(unmappable, bytes, &where));
+  if (proc.rank == 1) {
+    const int null_fd = open("/dev/null", O_RDWR);
+    ASSERT_GE(null_fd, 0);
+    ASSERT_EQ(dup2(null_fd, where.fd), where.fd);
+    close(null_fd);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (size_t i = 0; i < n; ++i) unmappable[3 + i] = term(proc.rank, i);
+  node->all_reduce(unmappable + 3, n, false, "unmappable");
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(unmappable[3 + i], want(i, false)) << "unmappable, i=" << i;
+  EXPECT_EQ(node->in_place_count(), 2u);
+  EXPECT_EQ(node->copied_count(), 4u);
+  node->all_reduce(unmappable + 3, n, false, "refused before");  // refused at once, no new attempt
+  EXPECT_EQ(node->copied_count(), 5u);
+  up.deallocate(unmappable, bytes);
 }
 
 TEST(Mpi, AFailingRankTakesTheJobDown) {
