@@ -40,8 +40,8 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
                                                              " processes, shared memory inside each"
                                                        : "host communicator (shared memory)";
   if (lead) {
-    std::printf("# replica bench allreduce: %d ranks (%s per process), %s, f32 sum\n", W, o.devices.c_str(),
-                kind.c_str());
+    std::printf("# replica bench allreduce: %d ranks (%s per process), %s, %s sum\n", W, o.devices.c_str(),
+                kind.c_str(), dtype_name(o.dtype));
     std::printf("# busbw = algbw * 2(n-1)/n, as nccl-tests reports it\n");
     std::printf("#%12s %12s %10s %12s %12s %8s %14s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
                 "busbw(GB/s)", "#wrong", "memcpy(GB/s)");
@@ -50,30 +50,34 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
   int rows = 0;
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;
        bytes = std::max(bytes + 4, static_cast<size_t>(static_cast<double>(bytes) * o.factor))) {
-    const size_t count = std::max<size_t>(1, bytes / 4);
+    const size_t esize = dtype_size(o.dtype);
+    const size_t count = std::max<size_t>(1, bytes / esize);
     std::vector<double> times(R);
     std::vector<int64_t> wrong(R);
     group.run([&](parallel::Replica& rep) {
       // The buffer lives on the replica's device (host memory or GPU memory alike).
-      Tensor buf = Tensor::empty(rep.pool(), {static_cast<int64_t>(count)}, DType::f32, MemTag::comm);
+      Tensor buf = Tensor::empty(rep.pool(), {static_cast<int64_t>(count)}, o.dtype, MemTag::comm);
       std::vector<float> host(count);
+      std::vector<char> wire(count * esize);  // host's values in the benchmark's dtype
       const Device cpu{DeviceKind::cpu, 0};
       auto fill = [&] {
         for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((i % 7) + rep.rank());  // global rank
-        copy_tensor(Tensor::wrap(host.data(), buf.shape(), DType::f32, cpu), buf, &rep.stream());
+        convert(host.data(), DType::f32, wire.data(), o.dtype, count);
+        copy_tensor(Tensor::wrap(wire.data(), buf.shape(), o.dtype, cpu), buf, &rep.stream());
         rep.stream().synchronize();
       };
       fill();
-      for (int i = 0; i < o.warmup; ++i) rep.comm().all_reduce(buf.raw(), count, DType::f32, parallel::ReduceOp::sum);
+      for (int i = 0; i < o.warmup; ++i) rep.comm().all_reduce(buf.raw(), count, o.dtype, parallel::ReduceOp::sum);
       rep.comm().barrier();
       auto t0 = Clock::now();
-      for (int i = 0; i < o.iters; ++i) rep.comm().all_reduce(buf.raw(), count, DType::f32, parallel::ReduceOp::sum);
+      for (int i = 0; i < o.iters; ++i) rep.comm().all_reduce(buf.raw(), count, o.dtype, parallel::ReduceOp::sum);
       times[rep.local_index()] = std::chrono::duration<double>(Clock::now() - t0).count() / o.iters;
       if (o.check) {  // correctness on a fresh buffer: sum over ranks of (i % 7 + r)
         fill();
-        rep.comm().all_reduce(buf.raw(), count, DType::f32, parallel::ReduceOp::sum);
-        copy_tensor(buf, Tensor::wrap(host.data(), buf.shape(), DType::f32, cpu), &rep.stream());
+        rep.comm().all_reduce(buf.raw(), count, o.dtype, parallel::ReduceOp::sum);
+        copy_tensor(buf, Tensor::wrap(wire.data(), buf.shape(), o.dtype, cpu), &rep.stream());
         rep.stream().synchronize();
+        convert(wire.data(), o.dtype, host.data(), DType::f32, count);
         int64_t bad = 0;
         for (size_t i = 0; i < count; ++i)
           bad += host[i] != static_cast<float>(W * (i % 7) + W * (W - 1) / 2);
@@ -83,9 +87,9 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
     double t = 0;
     int64_t bad = 0;
     for (int r = 0; r < R; ++r) t = std::max(t, times[r]), bad += wrong[r];
-    double algbw = count * 4.0 / t / 1e9, busbw = algbw * 2.0 * (W - 1) / W;
+    double algbw = count * static_cast<double>(esize) / t / 1e9, busbw = algbw * 2.0 * (W - 1) / W;
     // memcpy bandwidth of the same size on this machine, for scale
-    std::vector<char> a(count * 4, 1), b(count * 4);
+    std::vector<char> a(count * esize, 1), b(count * esize);
     auto m0 = Clock::now();
     int mreps = 0;
     while (std::chrono::duration<double>(Clock::now() - m0).count() < 0.02 || mreps < 3) {
@@ -94,7 +98,7 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
       mreps++;
     }
     double mbw = a.size() * static_cast<double>(mreps) / std::chrono::duration<double>(Clock::now() - m0).count() / 1e9;
-    if (lead) std::printf(" %12zu %12zu %10.1f %12.2f %12.2f %8ld %14.2f\n", count * 4, count, t * 1e6, algbw, busbw, (long)bad, mbw);
+    if (lead) std::printf(" %12zu %12zu %10.1f %12.2f %12.2f %8ld %14.2f\n", count * esize, count, t * 1e6, algbw, busbw, (long)bad, mbw);
     bus_sum += busbw;
     rows++;
     if (bytes >= o.max_bytes) break;

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace replica::apps {
 
 struct AllreduceBenchOptions {
@@ -11,6 +13,7 @@ struct AllreduceBenchOptions {
   double factor = 2;
   int iters = 20, warmup = 5;
   bool check = true;
+  DType dtype = DType::f32;  // f32, f16 or bf16 (the check's sums are small integers: exact in all)
 };
 // nccl-tests-style table: size, count, time, algbw, busbw, errors; plus memcpy bandwidth.
 int bench_allreduce(const AllreduceBenchOptions& o);

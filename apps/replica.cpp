@@ -254,6 +254,9 @@ int main(int argc, char** argv) {
   ar_cmd->add_option("-e,--maxbytes", max_s, "largest size");
   ar_cmd->add_option("-f,--stepfactor", ar.factor, "size multiplier");
   ar_cmd->add_option("-n,--iters", ar.iters, "timed iterations per size");
+  std::string ar_dtype = "f32";
+  ar_cmd->add_option("-d,--dtype", ar_dtype, "f32 (default), f16 or bf16")
+      ->check(CLI::IsMember({"f32", "fp32", "f16", "fp16", "bf16"}));
   apps::TrainBenchOptions tb;
   auto* tb_cmd = bench_cmd->add_subcommand("train", "training throughput for 1..N CPU or GPU replicas");
   tb_cmd->add_option("--kind", tb.kind, "cpu (default) or cuda: the replicas are cpu:N or cuda:0..N-1")
@@ -320,6 +323,7 @@ int main(int argc, char** argv) {
     if (*ar_cmd) {
       ar.min_bytes = parse_bytes(min_s, "--min");
       ar.max_bytes = parse_bytes(max_s, "--max");
+      ar.dtype = parse_dtype(ar_dtype);
       return apps::bench_allreduce(ar);
     }
     if (*tb_cmd) return apps::bench_train(tb);

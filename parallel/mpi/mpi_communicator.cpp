@@ -78,16 +78,19 @@ MPI_Datatype mpi_float() { return MPI_FLOAT; }
 
 // 16-bit sums across processes with the running sum rounded to the dtype after each addition:
 // NCCL's semantics (communicator.h), so an MPI run reduces 16-bit wires as a GPU run does.
+// A block at a time through the vectorised conversions (element by element: 0.06 GB/s).
 template <DType T>
 void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    float x, y;
-    convert(&a[i], T, &x, DType::f32, 1);
-    convert(&b[i], T, &y, DType::f32, 1);
-    const float z = x + y;
-    convert(&z, DType::f32, &b[i], T, 1);
+  constexpr size_t kBlock = 512;
+  float x[kBlock], y[kBlock];
+  for (size_t lo = 0, n = static_cast<size_t>(*len); lo < n; lo += kBlock) {
+    const size_t m = std::min(kBlock, n - lo);
+    convert(a + lo, T, x, DType::f32, m);
+    convert(b + lo, T, y, DType::f32, m);
+    for (size_t i = 0; i < m; ++i) y[i] += x[i];
+    convert(y, DType::f32, b + lo, T, m);
   }
 }
 MPI_Op sum16_op(DType t) {
@@ -266,10 +269,20 @@ class MpiCommunicator : public Communicator {
     }
     local_->all_reduce(d, n, t, ReduceOp::sum);
     if (li_ == 0 && proc_.size > 1) {
-      MPI_Request req;
       start();
-      MPI_Iallreduce(MPI_IN_PLACE, d, static_cast<int>(n), MPI_UINT16_T, sum16_op(t), MPI_COMM_WORLD, &req);
-      wait(req, "all_reduce");
+      bool done = false;
+      if (node_) {  // in place when every leader's buffer is in shared pool memory
+        try {
+          done = node_->all_reduce16(d, n, t, "all_reduce (collective #" + std::to_string(seq_) + ")");
+        } catch (const CommError& e) {
+          abort_mpi_job("global rank " + std::to_string(rank()) + ": " + e.what());
+        }
+      }
+      if (!done) {
+        MPI_Request req;
+        MPI_Iallreduce(MPI_IN_PLACE, d, static_cast<int>(n), MPI_UINT16_T, sum16_op(t), MPI_COMM_WORLD, &req);
+        wait(req, "all_reduce");
+      }
     }
     local_->broadcast(d, n, t, 0);
   }

@@ -145,7 +145,7 @@ void NodeAllReduce::reduce_slice(int h, size_t lo, size_t hi, float* out, bool m
 
 void NodeAllReduce::all_reduce(float* d, size_t n, bool max, const std::string& what) {
   if (n == 0) return;  // the same n on every process: none of them takes part
-  if (in_place(d, n, max, what)) {
+  if (in_place(d, n, DType::f32, max, what)) {
     ++in_place_;
     return;
   }
@@ -166,9 +166,17 @@ char* NodeAllReduce::peer_base(int q, Published& p) {
   return static_cast<char*>(base);
 }
 
-bool NodeAllReduce::in_place(float* d, size_t n, bool max, const std::string& what) {
+bool NodeAllReduce::all_reduce16(void* d, size_t n, DType t, const std::string& what) {
+  if (n == 0) return true;
+  if (!in_place(d, n, t, false, what)) return false;
+  ++in_place_;
+  return true;
+}
+
+bool NodeAllReduce::in_place(void* d, size_t n, DType t, bool max, const std::string& what) {
+  const size_t esize = dtype_size(t);
   SharedRegion region;
-  const bool shared = find_shared_region(d, n * sizeof(float), &region);
+  const bool shared = find_shared_region(d, n * esize, &region);
   Published& mine = *seg_[rank_].pub;
   put(mine.id, shared ? region.id : 0);
   put(mine.pid, static_cast<uint64_t>(region.pid));
@@ -199,16 +207,16 @@ bool NodeAllReduce::in_place(float* d, size_t n, bool max, const std::string& wh
       it = mapped_[q].erase(it);
     }
   }
-  std::vector<float*> bufs(size_);
+  std::vector<char*> bufs(size_);
   bool ok = true;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) {
-      bufs[q] = d;
+      bufs[q] = static_cast<char*>(d);
       continue;
     }
     char* base = peer_base(q, *seg_[q].pub);
     ok &= base != nullptr;
-    bufs[q] = base ? reinterpret_cast<float*>(base + get(seg_[q].pub->offset)) : nullptr;
+    bufs[q] = base ? base + get(seg_[q].pub->offset) : nullptr;
   }
   if (ask) {  // a region not seen before: did every process map every other one?
     put(mine.ok, ok);
@@ -225,16 +233,30 @@ bool NodeAllReduce::in_place(float* d, size_t n, bool max, const std::string& wh
   const size_t units = (n + kUnitFloats - 1) / kUnitFloats;
   std::atomic_ref<unsigned long long> claim(*seg_[0].claim);
   constexpr size_t kBlock = 512;  // an L1-resident accumulator
-  float acc[kBlock];
+  float acc[kBlock], term[kBlock];
+  uint16_t wire[kBlock];
   for (;;) {
     const size_t u = static_cast<size_t>(claim.fetch_add(1, std::memory_order_relaxed) - claimed_);
     if (u >= units) break;
     const size_t hi = std::min(n, (u + 1) * kUnitFloats);
     for (size_t b = u * kUnitFloats; b < hi; b += kBlock) {
-      const size_t m = std::min(kBlock, hi - b);
-      std::memcpy(acc, bufs[0] + b, m * sizeof(float));
-      for (int q = 1; q < size_; ++q) accumulate(acc, bufs[q] + b, m, max);
-      for (int q = 0; q < size_; ++q) std::memcpy(bufs[q] + b, acc, m * sizeof(float));
+      const size_t m = std::min(kBlock, hi - b), at = b * esize;
+      if (t == DType::f32) {
+        std::memcpy(acc, bufs[0] + at, m * sizeof(float));
+        for (int q = 1; q < size_; ++q) accumulate(acc, reinterpret_cast<const float*>(bufs[q] + at), m, max);
+        for (int q = 0; q < size_; ++q) std::memcpy(bufs[q] + at, acc, m * sizeof(float));
+        continue;
+      }
+      // 16 bits: the running sum is rounded to the dtype after every addition, in rank order
+      // (NCCL's semantics, as the MPI operator and the in-process communicator do it).
+      convert(bufs[0] + at, t, acc, DType::f32, m);
+      for (int q = 1; q < size_; ++q) {
+        convert(bufs[q] + at, t, term, DType::f32, m);
+        for (size_t i = 0; i < m; ++i) acc[i] += term[i];
+        convert(acc, DType::f32, wire, t, m);
+        if (q + 1 < size_) convert(wire, t, acc, DType::f32, m);
+      }
+      for (int q = 0; q < size_; ++q) std::memcpy(bufs[q] + at, wire, m * sizeof(uint16_t));
     }
   }
   claimed_ += units + static_cast<unsigned long long>(size_);  // every process's last claim fails once

@@ -29,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace replica::parallel {
 
 class NodeAllReduce {
@@ -45,6 +47,10 @@ class NodeAllReduce {
   // In place over every process's `n` floats: the sum, or the maximum. Throws CommError on a
   // time-out, naming the processes that never reached the barrier (`what` names the collective).
   void all_reduce(float* d, size_t n, bool max, const std::string& what);
+
+  // A 16-bit (f16 / bf16) sum in place, when every process's buffer is in shared pool memory;
+  // false (having done nothing, on every process alike) when not, and the caller uses MPI's.
+  bool all_reduce16(void* d, size_t n, DType t, const std::string& what);
 
   // How many all-reduces went each way, for tests and the bench.
   uint64_t in_place_count() const { return in_place_; }
@@ -74,7 +80,7 @@ class NodeAllReduce {
   float* data(int q, int h);
   void barrier(const std::string& what);
   void reduce_slice(int h, size_t lo, size_t hi, float* out, bool max);
-  bool in_place(float* d, size_t n, bool max, const std::string& what);
+  bool in_place(void* d, size_t n, DType t, bool max, const std::string& what);
   void copy_through_window(float* d, size_t n, bool max, const std::string& what);
   char* peer_base(int q, Published& p);
 

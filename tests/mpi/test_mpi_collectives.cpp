@@ -58,6 +58,19 @@ TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
         c.all_reduce(b.data(), n, DType::f32, ReduceOp::sum);
         ASSERT_EQ(0, std::memcmp(t.raw(), b.data(), n * sizeof(float))) << "n=" << n;
       }
+      // f16 / bf16 sums in pool memory: in place between the leaders, bit for bit what MPI's
+      // operator gives for the same values in a vector
+      for (DType dt : {DType::f16, DType::bf16}) {
+        Tensor t16 = Tensor::empty(rep.pool(), {static_cast<int64_t>(n)}, dt, MemTag::grads);
+        std::vector<float> f(n);
+        for (size_t i = 0; i < n; ++i) f[i] = value(r, i);
+        std::vector<uint16_t> h(n);
+        convert(f.data(), DType::f32, h.data(), dt, n);
+        std::memcpy(t16.raw(), h.data(), n * sizeof(uint16_t));
+        c.all_reduce(t16.raw(), n, dt, ReduceOp::sum);
+        c.all_reduce(h.data(), n, dt, ReduceOp::sum);
+        ASSERT_EQ(0, std::memcmp(t16.raw(), h.data(), n * sizeof(uint16_t))) << dtype_name(dt) << " n=" << n;
+      }
       // f16 / bf16: small integers, exact in 16 bits
       for (DType dt : {DType::f16, DType::bf16}) {
         std::vector<float> f(n, static_cast<float>(r + 1));
@@ -168,6 +181,24 @@ TEST(Mpi, NodeAllReduceInPlaceAndCopiedGiveTheSameBits) {
   node->all_reduce(unmappable + 3, n, false, "refused before");  // refused at once, no new attempt
   EXPECT_EQ(node->copied_count(), 5u);
   up.deallocate(unmappable, bytes);
+  // 16 bits in place: quarters below 32, exact in f16 and bf16 and in every sum
+  for (DType dt : {DType::f16, DType::bf16}) {
+    auto* region16 = static_cast<uint16_t*>(up.allocate(bytes));
+    std::vector<float> f(n), back(n);
+    for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(i % 61) / 4.f - 7.f + proc.rank;
+    convert(f.data(), DType::f32, region16 + 9, dt, n);
+    ASSERT_TRUE(node->all_reduce16(region16 + 9, n, dt, "16-bit in place")) << dtype_name(dt);
+    convert(region16 + 9, dt, back.data(), DType::f32, n);
+    for (size_t i = 0; i < n; ++i) {
+      float w = 0;
+      for (int q = 0; q < proc.size; ++q) w += static_cast<float>(i % 61) / 4.f - 7.f + q;
+      ASSERT_EQ(back[i], w) << dtype_name(dt) << " i=" << i;
+    }
+    up.deallocate(region16, bytes);
+  }
+  std::vector<uint16_t> private16(n);
+  EXPECT_FALSE(node->all_reduce16(private16.data(), n, DType::bf16, "16-bit private")) << "MPI's, not in place";
+  EXPECT_EQ(node->in_place_count(), 4u);
 }
 
 TEST(Mpi, AFailingRankTakesTheJobDown) {
