@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <sstream>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,31 @@ TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
   r = run("train --set data.path=/nonexistent --devices cpu:1");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("/nonexistent/train-images-idx3-ubyte: cannot open"), std::string::npos) << r.out;
+}
+
+// Every dtype the all-reduce benchmark takes reduces correctly (its #wrong column counts the
+// elements that differ from the exact sum) at sizes across the unit and block boundaries.
+TEST(Cli, BenchAllreduceIsRightInEveryDtype) {
+  for (const char* dt : {"f32", "f16", "bf16"}) {
+    auto r = run(std::string("bench allreduce --devices cpu:3 -b 4 -e 300K -f 9 -n 2 -d ") + dt);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(std::string(dt) + " sum"), std::string::npos) << r.out;
+    std::istringstream lines(r.out);
+    int rows = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] == '#') continue;
+      std::istringstream f(line);
+      double bytes, count, us, alg, bus;
+      long wrong = -1;
+      f >> bytes >> count >> us >> alg >> bus >> wrong;
+      EXPECT_EQ(wrong, 0) << dt << ": " << line;
+      ++rows;
+    }
+    EXPECT_EQ(rows, 6) << r.out;
+  }
+  auto bad = run("bench allreduce -d int8");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--dtype: int8 not in"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, DevicesListsCpuAndSaysWhyNoGpu) {
