@@ -28,7 +28,11 @@ float value(int rank, size_t i) { return std::sin(0.37f * static_cast<float>(i) 
 
 TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
   if (!launched_by_mpi()) GTEST_SKIP() << "run under mpirun (tests/mpi/run_mpi_tests.sh)";
-  ReplicaGroup group(parse_devices("cpu:2"), {});
+  // A failed ASSERT returns one replica early and leaves the others waiting in a collective: 20 s
+  // of that ends the job with a message instead of ctest's time-out.
+  GroupOptions o;
+  o.comm_timeout = std::chrono::seconds(20);
+  ReplicaGroup group(parse_devices("cpu:2"), o);
   const int world = group.world();
   ASSERT_EQ(world, 2 * group.processes());
   for (size_t n : {size_t(1), size_t(7), size_t(1000003)}) {
