@@ -23,6 +23,56 @@ namespace replica::apps {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// memcpy bandwidth (GB/s) of a buffer of `bytes` on this machine, for scale: at least 20 ms.
+double memcpy_gbps(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes);
+  auto m0 = Clock::now();
+  int mreps = 0;
+  while (std::chrono::duration<double>(Clock::now() - m0).count() < 0.02 || mreps < 3) {
+    std::memcpy(b.data(), a.data(), a.size());
+    a[mreps % a.size()] = b[(mreps * 7) % b.size()];
+    mreps++;
+  }
+  return a.size() * static_cast<double>(mreps) / std::chrono::duration<double>(Clock::now() - m0).count() / 1e9;
+}
+
+// One replica's share of one row: seconds per all-reduce of `count` elements, and (with
+// o.check) how many elements of a fresh buffer's result differ from the sum over the W ranks.
+void time_allreduce(parallel::Replica& rep, size_t count, int W, const AllreduceBenchOptions& o, double* seconds,
+                    int64_t* wrong) {
+  // The buffer lives on the replica's device (host memory or GPU memory alike).
+  Tensor buf = Tensor::empty(rep.pool(), {static_cast<int64_t>(count)}, o.dtype, MemTag::comm);
+  std::vector<float> host(count);
+  std::vector<char> wire(count * dtype_size(o.dtype));  // host's values in the benchmark's dtype
+  const Device cpu{DeviceKind::cpu, 0};
+  auto fill = [&] {
+    for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((i % 7) + rep.rank());  // global rank
+    convert(host.data(), DType::f32, wire.data(), o.dtype, count);
+    copy_tensor(Tensor::wrap(wire.data(), buf.shape(), o.dtype, cpu), buf, &rep.stream());
+    rep.stream().synchronize();
+  };
+  auto reduce = [&] { rep.comm().all_reduce(buf.raw(), count, o.dtype, parallel::ReduceOp::sum); };
+  fill();
+  for (int i = 0; i < o.warmup; ++i) reduce();
+  rep.comm().barrier();
+  auto t0 = Clock::now();
+  for (int i = 0; i < o.iters; ++i) reduce();
+  *seconds = std::chrono::duration<double>(Clock::now() - t0).count() / o.iters;
+  if (!o.check) return;
+  fill();  // correctness on a fresh buffer: sum over ranks of (i % 7 + r)
+  reduce();
+  copy_tensor(buf, Tensor::wrap(wire.data(), buf.shape(), o.dtype, cpu), &rep.stream());
+  rep.stream().synchronize();
+  convert(wire.data(), o.dtype, host.data(), DType::f32, count);
+  int64_t bad = 0;
+  for (size_t i = 0; i < count; ++i) bad += host[i] != static_cast<float>(W * (i % 7) + W * (W - 1) / 2);
+  *wrong = bad;
+}
+
+}  // namespace
+
 int bench_allreduce(const AllreduceBenchOptions& o) {
   auto devices = parse_devices(o.devices);
   const int R = static_cast<int>(devices.size());
@@ -46,58 +96,22 @@ int bench_allreduce(const AllreduceBenchOptions& o) {
     std::printf("#%12s %12s %10s %12s %12s %8s %14s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
                 "busbw(GB/s)", "#wrong", "memcpy(GB/s)");
   }
+  const size_t esize = dtype_size(o.dtype);
   double bus_sum = 0;
   int rows = 0;
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;
        bytes = std::max(bytes + 4, static_cast<size_t>(static_cast<double>(bytes) * o.factor))) {
-    const size_t esize = dtype_size(o.dtype);
     const size_t count = std::max<size_t>(1, bytes / esize);
     std::vector<double> times(R);
     std::vector<int64_t> wrong(R);
     group.run([&](parallel::Replica& rep) {
-      // The buffer lives on the replica's device (host memory or GPU memory alike).
-      Tensor buf = Tensor::empty(rep.pool(), {static_cast<int64_t>(count)}, o.dtype, MemTag::comm);
-      std::vector<float> host(count);
-      std::vector<char> wire(count * esize);  // host's values in the benchmark's dtype
-      const Device cpu{DeviceKind::cpu, 0};
-      auto fill = [&] {
-        for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((i % 7) + rep.rank());  // global rank
-        convert(host.data(), DType::f32, wire.data(), o.dtype, count);
-        copy_tensor(Tensor::wrap(wire.data(), buf.shape(), o.dtype, cpu), buf, &rep.stream());
-        rep.stream().synchronize();
-      };
-      fill();
-      for (int i = 0; i < o.warmup; ++i) rep.comm().all_reduce(buf.raw(), count, o.dtype, parallel::ReduceOp::sum);
-      rep.comm().barrier();
-      auto t0 = Clock::now();
-      for (int i = 0; i < o.iters; ++i) rep.comm().all_reduce(buf.raw(), count, o.dtype, parallel::ReduceOp::sum);
-      times[rep.local_index()] = std::chrono::duration<double>(Clock::now() - t0).count() / o.iters;
-      if (o.check) {  // correctness on a fresh buffer: sum over ranks of (i % 7 + r)
-        fill();
-        rep.comm().all_reduce(buf.raw(), count, o.dtype, parallel::ReduceOp::sum);
-        copy_tensor(buf, Tensor::wrap(wire.data(), buf.shape(), o.dtype, cpu), &rep.stream());
-        rep.stream().synchronize();
-        convert(wire.data(), o.dtype, host.data(), DType::f32, count);
-        int64_t bad = 0;
-        for (size_t i = 0; i < count; ++i)
-          bad += host[i] != static_cast<float>(W * (i % 7) + W * (W - 1) / 2);
-        wrong[rep.local_index()] = bad;
-      }
+      time_allreduce(rep, count, W, o, &times[rep.local_index()], &wrong[rep.local_index()]);
     });
     double t = 0;
     int64_t bad = 0;
     for (int r = 0; r < R; ++r) t = std::max(t, times[r]), bad += wrong[r];
     double algbw = count * static_cast<double>(esize) / t / 1e9, busbw = algbw * 2.0 * (W - 1) / W;
-    // memcpy bandwidth of the same size on this machine, for scale
-    std::vector<char> a(count * esize, 1), b(count * esize);
-    auto m0 = Clock::now();
-    int mreps = 0;
-    while (std::chrono::duration<double>(Clock::now() - m0).count() < 0.02 || mreps < 3) {
-      std::memcpy(b.data(), a.data(), a.size());
-      a[mreps % a.size()] = b[(mreps * 7) % b.size()];
-      mreps++;
-    }
-    double mbw = a.size() * static_cast<double>(mreps) / std::chrono::duration<double>(Clock::now() - m0).count() / 1e9;
+    const double mbw = memcpy_gbps(count * esize);
     if (lead) std::printf(" %12zu %12zu %10.1f %12.2f %12.2f %8ld %14.2f\n", count * esize, count, t * 1e6, algbw, busbw, (long)bad, mbw);
     bus_sum += busbw;
     rows++;

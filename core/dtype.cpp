@@ -1,6 +1,7 @@
 // DType names, sizes and bulk conversion.
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/errors.h"
@@ -125,6 +126,17 @@ void store(void* p, DType t, size_t i, float v) {
   }
 }
 }  // namespace
+
+void round_to(float* v, size_t n, DType t) {
+  if (t != DType::f16 && t != DType::bf16) return;
+  constexpr size_t kBlock = 512;
+  uint16_t wire[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    convert(v + b, DType::f32, wire, t, m);
+    convert(wire, t, v + b, DType::f32, m);
+  }
+}
 
 void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
   if (st == dt) {

@@ -112,6 +112,10 @@ inline float round_to(float v, DType t) {
   return v;
 }
 
+// Each of v[0..n) as it would be stored in t, in place: through the vectorised conversions, bit
+// for bit the scalar round_to.
+void round_to(float* v, size_t n, DType t);
+
 // Element i of a buffer of dtype t, as a float.
 float load_as_float(const void* p, DType t, size_t i);
 

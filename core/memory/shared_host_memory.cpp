@@ -6,12 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
-
-#include "core/device.h"
 
 namespace replica {
 
@@ -43,10 +40,10 @@ void* SharedHostUpstream::allocate(size_t bytes) {
     }
   }
   if (fd >= 0) close(fd);
-  return std::aligned_alloc(kPage, rounded);  // not shared: the all-reduce copies for this one
+  return plain_.allocate(bytes);  // not shared: the all-reduce copies for this one
 }
 
-void SharedHostUpstream::deallocate(void* p, size_t) {
+void SharedHostUpstream::deallocate(void* p, size_t bytes) {
   auto& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.m);
@@ -59,10 +56,8 @@ void SharedHostUpstream::deallocate(void* p, size_t) {
       return;
     }
   }
-  std::free(p);
+  plain_.deallocate(p, bytes);
 }
-
-size_t SharedHostUpstream::total_memory() const { return host_physical_memory(); }
 
 bool find_shared_region(const void* p, size_t bytes, SharedRegion* out) {
   auto& r = registry();

@@ -12,14 +12,17 @@
 
 namespace replica {
 
-// Regions backed by a memfd each (falls back to plain pages where memfd_create fails; those are
+// Regions backed by a memfd each (plain HostUpstream pages where memfd_create fails; those are
 // simply not shared).
 class SharedHostUpstream : public Upstream {
  public:
   void* allocate(size_t bytes) override;
   void deallocate(void* p, size_t bytes) override;
-  size_t total_memory() const override;
+  size_t total_memory() const override { return plain_.total_memory(); }
   std::string name() const override { return "host (shared)"; }
+
+ private:
+  HostUpstream plain_;
 };
 
 // Where a shared region of this process is, as another process needs it to map it.

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "parallel/accumulate.h"
 
 namespace replica::parallel {
 
@@ -199,13 +200,7 @@ class HostCommunicator : public Communicator {
     if (dt == DType::f32) {
       const float* s0 = static_cast<const float*>(srcs[0]) + lo;
       std::memcpy(out, s0, n * sizeof(float));
-      for (int r = 1; r < R; ++r) {
-        const float* sr = static_cast<const float*>(srcs[r]) + lo;
-        if (op == ReduceOp::max)
-          for (size_t i = 0; i < n; ++i) out[i] = std::max(out[i], sr[i]);
-        else
-          for (size_t i = 0; i < n; ++i) out[i] += sr[i];
-      }
+      for (int r = 1; r < R; ++r) accumulate(out, static_cast<const float*>(srcs[r]) + lo, n, op == ReduceOp::max);
       if (op == ReduceOp::avg) {
         if ((R & (R - 1)) == 0) {  // 1/R is exact: the same bits as the division, and vectorised
           const float inv = 1.f / static_cast<float>(R);
@@ -219,34 +214,24 @@ class HostCommunicator : public Communicator {
       // contribution by 1/R first (NCCL's ncclAvg), and the running sum is rounded to the wire
       // dtype after every addition, here in rank order (communicator.h, "16-bit reductions").
       // A block at a time through the vectorised conversions (element by element this ran at
-      // 0.2-0.3 GB/s, bench/RESULTS.md); rounding a float to the dtype is a conversion there and
-      // back, bit for bit round_to.
+      // 0.2-0.3 GB/s, bench/RESULTS.md).
       const float pre = op == ReduceOp::avg ? 1.f / static_cast<float>(R) : 1.f;
       constexpr size_t kTerm = 512;
       float term[kTerm];
-      uint16_t wire[kTerm];
       for (size_t b = 0; b < n; b += kTerm) {
         const size_t m = std::min(kTerm, n - b);
         float* o = out + b;
-        auto round_block = [&](float* v) {
-          convert(v, DType::f32, wire, dt, m);
-          convert(wire, dt, v, DType::f32, m);
-        };
         auto load = [&](int r, float* dst) {  // rank r's term: its value (avg: x 1/R, rounded)
           convert(static_cast<const uint16_t*>(srcs[r]) + lo + b, dt, dst, DType::f32, m);
           if (pre == 1.f) return;
           for (size_t i = 0; i < m; ++i) dst[i] *= pre;
-          round_block(dst);
+          round_to(dst, m, dt);
         };
         load(0, o);
         for (int r = 1; r < R; ++r) {
           load(r, term);
-          if (op == ReduceOp::max) {
-            for (size_t i = 0; i < m; ++i) o[i] = std::max(o[i], term[i]);
-          } else {
-            for (size_t i = 0; i < m; ++i) o[i] += term[i];
-            round_block(o);
-          }
+          accumulate(o, term, m, op == ReduceOp::max);
+          if (op != ReduceOp::max) round_to(o, m, dt);
         }
       }
     }

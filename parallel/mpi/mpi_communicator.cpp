@@ -236,11 +236,10 @@ class MpiCommunicator : public Communicator {
       if (li_ == 0 && proc_.size > 1) {
         start();
         if (node_) {
-          try {
-            node_->all_reduce(p, n, max, "all_reduce (collective #" + std::to_string(seq_) + ")");
-          } catch (const CommError& e) {
-            abort_mpi_job("global rank " + std::to_string(rank()) + ": " + e.what());
-          }
+          on_node([&] {
+            node_->all_reduce(p, n, max, node_collective());
+            return true;
+          });
         } else {
           MPI_Request req;
           MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(n), mpi_float(), max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD,
@@ -258,27 +257,22 @@ class MpiCommunicator : public Communicator {
   // then a 16-bit sum in rank order inside the process and a 16-bit sum across processes.
   void all_reduce16(void* d, size_t n, DType t, ReduceOp op) {
     auto* h = static_cast<uint16_t*>(d);
-    if (op == ReduceOp::avg) {
+    if (op == ReduceOp::avg) {  // a block at a time through the vectorised conversions
       const float pre = 1.f / static_cast<float>(size());
-      for (size_t i = 0; i < n; ++i) {
-        float v;
-        convert(&h[i], t, &v, DType::f32, 1);
-        v *= pre;
-        convert(&v, DType::f32, &h[i], t, 1);
+      constexpr size_t kBlock = 512;
+      float v[kBlock];
+      for (size_t lo = 0; lo < n; lo += kBlock) {
+        const size_t m = std::min(kBlock, n - lo);
+        convert(h + lo, t, v, DType::f32, m);
+        for (size_t i = 0; i < m; ++i) v[i] *= pre;
+        convert(v, DType::f32, h + lo, t, m);
       }
     }
     local_->all_reduce(d, n, t, ReduceOp::sum);
     if (li_ == 0 && proc_.size > 1) {
       start();
-      bool done = false;
-      if (node_) {  // in place when every leader's buffer is in shared pool memory
-        try {
-          done = node_->all_reduce16(d, n, t, "all_reduce (collective #" + std::to_string(seq_) + ")");
-        } catch (const CommError& e) {
-          abort_mpi_job("global rank " + std::to_string(rank()) + ": " + e.what());
-        }
-      }
-      if (!done) {
+      // In place when every leader's buffer is in shared pool memory, else MPI's operator.
+      if (!node_ || !on_node([&] { return node_->all_reduce16(d, n, t, node_collective()); })) {
         MPI_Request req;
         MPI_Iallreduce(MPI_IN_PLACE, d, static_cast<int>(n), MPI_UINT16_T, sum16_op(t), MPI_COMM_WORLD, &req);
         wait(req, "all_reduce");
@@ -341,6 +335,18 @@ class MpiCommunicator : public Communicator {
     ++seq_;
     if (arrivals_) arrivals_->arrive(seq_);
   }
+  // Runs a node all-reduce: its CommError (a process timed out at a barrier) takes the whole job
+  // down, as a time-out in an MPI call does.
+  template <typename F>
+  bool on_node(F&& f) {
+    try {
+      return f();
+    } catch (const CommError& e) {
+      abort_mpi_job("global rank " + std::to_string(rank()) + ": " + e.what());
+      throw;  // abort_mpi_job does not return once MPI is up
+    }
+  }
+  std::string node_collective() const { return "all_reduce (collective #" + std::to_string(seq_) + ")"; }
   void wait(MPI_Request& req, const char* what) {
     const auto t0 = std::chrono::steady_clock::now();
     int done = 0;

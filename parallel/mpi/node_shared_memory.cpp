@@ -10,6 +10,7 @@
 #include "core/env.h"
 #include "core/errors.h"
 #include "core/memory/shared_host_memory.h"
+#include "parallel/accumulate.h"
 
 namespace replica::parallel {
 
@@ -32,13 +33,6 @@ unsigned long long load(unsigned long long* c) {
 void put(uint64_t& f, uint64_t v) { std::atomic_ref<uint64_t>(f).store(v, std::memory_order_relaxed); }
 uint64_t get(uint64_t& f) { return std::atomic_ref<uint64_t>(f).load(std::memory_order_relaxed); }
 
-// acc = max(acc, s) or acc + s over m floats; the loops vectorise.
-void accumulate(float* acc, const float* s, size_t m, bool max) {
-  if (max)
-    for (size_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], s[i]);
-  else
-    for (size_t i = 0; i < m; ++i) acc[i] += s[i];
-}
 }  // namespace
 
 std::unique_ptr<NodeAllReduce> NodeAllReduce::create(MPI_Comm world, std::chrono::milliseconds timeout,
@@ -174,27 +168,62 @@ bool NodeAllReduce::all_reduce16(void* d, size_t n, DType t, const std::string& 
 }
 
 bool NodeAllReduce::in_place(void* d, size_t n, DType t, bool max, const std::string& what) {
-  const size_t esize = dtype_size(t);
+  publish(d, n * dtype_size(t));
+  barrier(what);
+  std::vector<char*> bufs;
+  if (!agree_on_buffers(d, what, &bufs)) return false;
+  reduce_units(bufs, n, t, max);
+  barrier(what);  // every buffer holds the whole result before any process returns
+  return true;
+}
+
+void NodeAllReduce::publish(const void* d, size_t bytes) {
   SharedRegion region;
-  const bool shared = find_shared_region(d, n * esize, &region);
+  const bool shared = find_shared_region(d, bytes, &region);
   Published& mine = *seg_[rank_].pub;
   put(mine.id, shared ? region.id : 0);
   put(mine.pid, static_cast<uint64_t>(region.pid));
   put(mine.fd, static_cast<uint64_t>(region.fd));
   put(mine.bytes, region.bytes);
-  put(mine.offset, shared ? static_cast<uint64_t>(reinterpret_cast<const char*>(d) - region.base) : 0);
+  put(mine.offset, shared ? static_cast<uint64_t>(static_cast<const char*>(d) - region.base) : 0);
   put(mine.released, shared_regions_released());
-  barrier(what);
-  // From here on every process reads the same headers and holds the same agreed_ and refused_
-  // sets, so all of them take the same path; the headers are not written again before another
-  // barrier (the copy path has two per chunk, this one ends with one).
+}
+
+// After the barrier that follows publish(), every process reads the same headers and holds the
+// same agreed_ and refused_ sets, so all of them return the same; the headers are not written
+// again before another barrier (the copy path has two per chunk, the in-place one ends with one).
+bool NodeAllReduce::agree_on_buffers(void* d, const std::string& what, std::vector<char*>* bufs) {
   bool ask = false;
   for (int q = 0; q < size_; ++q) {
     const uint64_t id = get(seg_[q].pub->id);
     if (id == 0 || refused_.count({q, id})) return false;
     ask |= !agreed_.count({q, id});
   }
-  for (int q = 0; q < size_; ++q) {  // a process that gave regions back: drop its old ones here
+  drop_released_mappings();
+  bufs->assign(size_, nullptr);
+  bool ok = true;
+  for (int q = 0; q < size_; ++q) {
+    char* base = q == rank_ ? nullptr : peer_base(q, *seg_[q].pub);
+    (*bufs)[q] = q == rank_ ? static_cast<char*>(d) : base ? base + get(seg_[q].pub->offset) : nullptr;
+    ok &= (*bufs)[q] != nullptr;
+  }
+  if (!ask) {
+    if (ok) return true;
+    throw CommError("shared-memory " + what + ": could not map again another process's buffer, which this " +
+                    "process had mapped before");
+  }
+  // A region not seen before: did every process map every other one?
+  put(seg_[rank_].pub->ok, ok);
+  barrier(what);
+  bool all = true;
+  for (int q = 0; q < size_; ++q) all &= get(seg_[q].pub->ok) != 0;
+  for (int q = 0; q < size_; ++q) (all ? agreed_ : refused_).insert({q, get(seg_[q].pub->id)});
+  return all;
+}
+
+// A process that gave regions back: its regions mapped here, but for the one it uses now, go.
+void NodeAllReduce::drop_released_mappings() {
+  for (int q = 0; q < size_; ++q) {
     const uint64_t released = get(seg_[q].pub->released), id = get(seg_[q].pub->id);
     if (q == rank_ || released == seen_released_[q]) continue;
     seen_released_[q] = released;
@@ -207,30 +236,12 @@ bool NodeAllReduce::in_place(void* d, size_t n, DType t, bool max, const std::st
       it = mapped_[q].erase(it);
     }
   }
-  std::vector<char*> bufs(size_);
-  bool ok = true;
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) {
-      bufs[q] = static_cast<char*>(d);
-      continue;
-    }
-    char* base = peer_base(q, *seg_[q].pub);
-    ok &= base != nullptr;
-    bufs[q] = base ? base + get(seg_[q].pub->offset) : nullptr;
-  }
-  if (ask) {  // a region not seen before: did every process map every other one?
-    put(mine.ok, ok);
-    barrier(what);
-    bool all = true;
-    for (int q = 0; q < size_; ++q) all &= get(seg_[q].pub->ok) != 0;
-    for (int q = 0; q < size_; ++q) (all ? agreed_ : refused_).insert({q, get(seg_[q].pub->id)});
-    if (!all) return false;
-  } else if (!ok) {
-    throw CommError("shared-memory " + what + ": could not map again another process's buffer, which this " +
-                    "process had mapped before");
-  }
-  // Units claimed from one counter (fast processes take more); each reduced in rank order.
-  const size_t units = (n + kUnitFloats - 1) / kUnitFloats;
+}
+
+// Units claimed from one counter (fast processes take more), each reduced in rank order and
+// written into every process's buffer.
+void NodeAllReduce::reduce_units(const std::vector<char*>& bufs, size_t n, DType t, bool max) {
+  const size_t esize = dtype_size(t), units = (n + kUnitFloats - 1) / kUnitFloats;
   std::atomic_ref<unsigned long long> claim(*seg_[0].claim);
   constexpr size_t kBlock = 512;  // an L1-resident accumulator
   float acc[kBlock], term[kBlock];
@@ -248,20 +259,19 @@ bool NodeAllReduce::in_place(void* d, size_t n, DType t, bool max, const std::st
         continue;
       }
       // 16 bits: the running sum is rounded to the dtype after every addition, in rank order
-      // (NCCL's semantics, as the MPI operator and the in-process communicator do it).
+      // (NCCL's semantics, as the MPI operator and the in-process communicator do it); the last
+      // rounding is the store.
       convert(bufs[0] + at, t, acc, DType::f32, m);
       for (int q = 1; q < size_; ++q) {
         convert(bufs[q] + at, t, term, DType::f32, m);
-        for (size_t i = 0; i < m; ++i) acc[i] += term[i];
-        convert(acc, DType::f32, wire, t, m);
-        if (q + 1 < size_) convert(wire, t, acc, DType::f32, m);
+        accumulate(acc, term, m, false);
+        if (q + 1 < size_) round_to(acc, m, t);
       }
+      convert(acc, DType::f32, wire, t, m);
       for (int q = 0; q < size_; ++q) std::memcpy(bufs[q] + at, wire, m * sizeof(uint16_t));
     }
   }
   claimed_ += units + static_cast<unsigned long long>(size_);  // every process's last claim fails once
-  barrier(what);  // every buffer holds the whole result before any process returns
-  return true;
 }
 
 void NodeAllReduce::copy_through_window(float* d, size_t n, bool max, const std::string& what) {

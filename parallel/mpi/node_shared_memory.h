@@ -81,7 +81,12 @@ class NodeAllReduce {
   float* data(int q, int h);
   void barrier(const std::string& what);
   void reduce_slice(int h, size_t lo, size_t hi, float* out, bool max);
+  // The in-place path, in its steps; false (on every process alike) when it cannot be taken.
   bool in_place(void* d, size_t n, DType t, bool max, const std::string& what);
+  void publish(const void* d, size_t bytes);
+  bool agree_on_buffers(void* d, const std::string& what, std::vector<char*>* bufs);
+  void drop_released_mappings();
+  void reduce_units(const std::vector<char*>& bufs, size_t n, DType t, bool max);
   void copy_through_window(float* d, size_t n, bool max, const std::string& what);
   char* peer_base(int q, Published& p);
 

@@ -77,6 +77,38 @@ TEST(DType, BulkConvert) {
 
 // convert()'s vectorised bf16 loops give float_to_bf16's and bf16_to_float's bits exactly: every
 // bf16 pattern back and forth, and floats around every rounding case (ties, NaN, inf, subnormal).
+// The array round_to (the communicators' rounding after every 16-bit addition) gives the scalar
+// round_to's bits for every element: random floats of all magnitudes, infinities, NaN, values
+// between representable ones, past one 512-element block, from an unaligned start.
+TEST(DType, ArrayRoundToMatchesTheScalarOne) {
+  std::mt19937 rng(7);
+  std::vector<float> v(1300);
+  for (auto& x : v) {
+    uint32_t bits = rng();
+    std::memcpy(&x, &bits, sizeof x);
+  }
+  v[3] = std::numeric_limits<float>::infinity();
+  v[4] = -std::numeric_limits<float>::infinity();
+  v[5] = std::numeric_limits<float>::quiet_NaN();
+  v[6] = 1.f + 1.f / 4096;  // between f16 and bf16 neighbours
+  v[7] = 65520.f;           // rounds to f16 infinity
+  for (DType t : {DType::f16, DType::bf16, DType::f32}) {
+    std::vector<float> got(v.begin() + 1, v.end());
+    round_to(got.data(), got.size(), t);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float want = round_to(v[i + 1], t);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got[i])) << dtype_name(t) << " i=" << i;
+        continue;
+      }
+      uint32_t a, b;
+      std::memcpy(&a, &got[i], 4);
+      std::memcpy(&b, &want, 4);
+      ASSERT_EQ(a, b) << dtype_name(t) << " i=" << i << " v=" << v[i + 1];
+    }
+  }
+}
+
 TEST(DType, ConvertBf16MatchesTheScalarConversions) {
   std::vector<float> f;
   std::mt19937 rng(5);
