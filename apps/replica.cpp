@@ -1,5 +1,5 @@
-// The `replica` command: train, eval, devices, bench. Errors print one clear line and exit 2
-// (configuration) or 1 (anything else).
+// The `replica` command: train, eval, export, import, report, pack, devices, memplan, bench. Errors
+// print one clear line and exit 2 (a command line or configuration to fix) or 1 (anything else).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -179,155 +179,187 @@ int cmd_pack(const std::string& src, const std::string& out, bool from_idx, int 
   return 0;
 }
 
+
+// Every value the command line sets, and which subcommand it named.
+struct Args {
+  std::string log_level = "info";
+  std::string config, devices, run_dir, model_path, resume, checkpoint, trace, alloc_trace;
+  std::vector<std::string> sets;
+  std::string format = "safetensors", dtype = "fp32", st_path, out_path;
+  std::string pack_src, pack_out;
+  bool pack_idx = false, pack_png = false;
+  data::PackOptions pack_opts;
+  int pack_size = 0;
+  int64_t pack_limit = 0;
+  std::string report_dir;
+  apps::AllreduceBenchOptions ar;
+  std::string ar_min = "8", ar_max = "128M", ar_dtype = "f32";
+  apps::TrainBenchOptions tb;
+  std::string replay;
+  apps::DataBenchOptions db;
+};
+
+struct Commands {
+  CLI::App *train, *eval, *devices, *memplan, *export_, *import, *report, *pack;
+  CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data;
+};
+
+void add_config_options(CLI::App* c, Args& a) {
+  c->add_option("config", a.config, "YAML run configuration (default: the built-in configs/default.yaml)");
+  c->add_option("--set", a.sets, "override a key: --set train.epochs=1 (repeatable)")->allow_extra_args(false);
+  c->add_option("--devices", a.devices, "auto, cpu:N, cuda:0,1 (overrides parallel.devices)");
+}
+
+// train, eval, devices, memplan: the commands that read a run configuration.
+void add_run_commands(CLI::App& app, Args& a, Commands& c) {
+  c.train = app.add_subcommand("train", "train a model");
+  add_config_options(c.train, a);
+  c.train->add_option("--run-dir", a.run_dir, "where to write config, metrics and the model (train.run_dir)");
+  c.train->add_option("--resume", a.resume, "continue from the newest valid checkpoint of RUN_DIR (or a .ckpt file)");
+  c.train->add_option("--trace", a.trace, "write a Chrome-trace timeline (Perfetto) to this JSON file");
+  c.train->add_option("--alloc-trace", a.alloc_trace, "write replica 0's allocations as CSV (for bench alloc --replay)");
+  c.eval = app.add_subcommand("eval", "evaluate a saved model on the test split");
+  add_config_options(c.eval, a);
+  c.eval->add_option("--model", a.model_path, "model file written by train (RUN_DIR/model.bin)");
+  c.eval->add_option("--checkpoint", a.checkpoint, "a checkpoint file, or RUN_DIR for its newest checkpoint");
+  c.devices = app.add_subcommand("devices", "list devices and the memory pool each would take");
+  add_config_options(c.devices, a);
+  c.memplan = app.add_subcommand("memplan", "memory per replica by tag, whether it fits, the largest micro-batch");
+  add_config_options(c.memplan, a);
+}
+
+// export, import, report, pack: weights, run directories and data sets in and out.
+void add_file_commands(CLI::App& app, Args& a, Commands& c) {
+  c.export_ = app.add_subcommand("export", "write a model's weights as safetensors with PyTorch's names");
+  c.export_->add_option("out", a.out_path, "the .safetensors file to write")->required();
+  c.export_->add_option("--model", a.model_path, "model file written by train (RUN_DIR/model.bin)")->required();
+  c.export_->add_option("--config", a.config, "the run's configuration (default: config.yaml beside the model)");
+  c.export_->add_option("--set", a.sets, "override a key (repeatable)");
+  c.export_->add_option("--format", a.format, "safetensors");
+  c.export_->add_option("--dtype", a.dtype, "fp32 (default), fp16 or bf16");
+  c.import = app.add_subcommand("import", "read PyTorch-named safetensors weights into a replica model file");
+  c.import->add_option("in", a.st_path, "the .safetensors file (e.g. a torchvision state_dict)")->required();
+  c.import->add_option("--out", a.out_path, "the model file to write (MODEL.bin)")->required();
+  c.import->add_option("--config", a.config, "configuration that builds the model (default: the built-in)");
+  c.import->add_option("--set", a.sets, "override a key (repeatable)");
+  c.report = app.add_subcommand("report", "a run's summary and a plot of loss, accuracy and lr (RUN_DIR/report.svg)");
+  c.report->add_option("run_dir", a.report_dir, "the run directory (train.run_dir)")->required();
+  c.pack = app.add_subcommand("pack", "pack a class-folder image set into one memory-mapped file (data.dataset: packed)");
+  c.pack->add_option("src", a.pack_src, "a class-folder tree (SPLIT/<class>/<image>), or with --idx an MNIST-layout directory");
+  c.pack->add_option("out", a.pack_out, "the .pack file to write (with --idx: the folder to write train/ and val/ into)")->required();
+  c.pack->add_option("--max-side", a.pack_opts.max_side, "resize so the shorter side is at most this (default 256)");
+  c.pack->add_option("--quality", a.pack_opts.quality, "JPEG quality of the re-encoded images (default 90)");
+  c.pack->add_option("--threads", a.pack_opts.threads, "encoding threads (default: every core)");
+  c.pack->add_flag("--idx", a.pack_idx, "read IDX files (Fashion-MNIST, MNIST) from src and write a class-folder JPEG set");
+  c.pack->add_option("--size", a.pack_size, "with --idx: resize the images to size x size RGB (default: as they are)");
+  c.pack->add_option("--limit", a.pack_limit, "with --idx: only the first N images of each split (default: all)");
+  c.pack->add_flag("--png", a.pack_png, "with --idx: lossless PNG files instead of JPEG");
+}
+
+void add_bench_commands(CLI::App& app, Args& a, Commands& c) {
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  c.bench_allreduce = bench->add_subcommand("allreduce", "all-reduce bandwidth, nccl-tests style");
+  c.bench_allreduce->add_option("--devices", a.ar.devices, "ranks, e.g. cpu:2");
+  c.bench_allreduce->add_option("-b,--minbytes", a.ar_min, "smallest size (8, 1K, 1M)");
+  c.bench_allreduce->add_option("-e,--maxbytes", a.ar_max, "largest size");
+  c.bench_allreduce->add_option("-f,--stepfactor", a.ar.factor, "size multiplier");
+  c.bench_allreduce->add_option("-n,--iters", a.ar.iters, "timed iterations per size");
+  c.bench_allreduce->add_option("-d,--dtype", a.ar_dtype, "f32 (default), f16 or bf16")
+      ->check(CLI::IsMember({"f32", "fp32", "f16", "fp16", "bf16"}));
+  c.bench_train = bench->add_subcommand("train", "training throughput for 1..N CPU or GPU replicas");
+  c.bench_train->add_option("--kind", a.tb.kind, "cpu (default) or cuda: the replicas are cpu:N or cuda:0..N-1")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  c.bench_train->add_option("config", a.tb.config, "YAML run configuration (default: built-in)");
+  c.bench_train->add_option("--set", a.tb.sets, "override a key (repeatable)");
+  c.bench_train->add_option("--replicas", a.tb.replicas, "replica counts to run, e.g. --replicas 1 2");
+  c.bench_train->add_option("--steps", a.tb.steps, "timed steps per run");
+  c.bench_train->add_option("--warmup", a.tb.warmup, "untimed steps first");
+  c.bench_alloc = bench->add_subcommand("alloc", "replay an allocation trace against each pool policy");
+  c.bench_alloc->add_option("--replay", a.replay, "CSV written by replica train --alloc-trace")->required();
+  c.bench_data = bench->add_subcommand("data", "images/s of the input pipeline alone (folder or packed data sets)");
+  c.bench_data->add_option("config", a.db.config, "YAML run configuration");
+  c.bench_data->add_option("--set", a.db.sets, "override a key (repeatable)");
+  c.bench_data->add_option("--workers", a.db.workers, "worker counts to run, e.g. --workers 1 2");
+  c.bench_data->add_option("--images", a.db.images, "images per run (default 2048)");
+}
+
+int cmd_train(Args& a) {
+  if (!a.resume.empty() && a.run_dir.empty()) {
+    // Resuming writes into the run being resumed unless told otherwise.
+    std::string dir = std::filesystem::is_regular_file(a.resume)
+                          ? std::filesystem::path(a.resume).parent_path().parent_path().string()
+                          : a.resume;
+    a.sets.push_back("train.run_dir=" + dir);
+  }
+  auto cfg = train::load_config(a.config, a.sets);
+  train::install_stop_signals();
+  train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = a.resume, .trace = a.trace, .alloc_trace = a.alloc_trace});
+  auto r = trainer.fit();
+  if (r.stopped_by_signal && trainer.group().lead_process()) {
+    std::printf("replica: stopped by signal %d after step %ld; checkpoint %s\n"
+                "replica: resume with: replica train%s%s --resume %s\n",
+                train::stop_signal(), (long)r.steps, r.last_checkpoint.c_str(), a.config.empty() ? "" : " ",
+                a.config.c_str(), cfg.train.run_dir.c_str());
+  }
+  return 0;
+}
+
+// Runs the subcommand the command line named.
+int dispatch(const Commands& c, Args& a) {
+  set_log_level(parse_log_level(a.log_level, "--log-level"));
+  if (!a.devices.empty()) a.sets.push_back("parallel.devices=" + a.devices);
+  if (!a.run_dir.empty()) a.sets.push_back("train.run_dir=" + a.run_dir);
+  if (*c.train) return cmd_train(a);
+  if (*c.eval) return cmd_eval(a.config, a.sets, a.model_path, a.checkpoint);
+  if (*c.devices) return cmd_devices(a.config, a.sets);
+  if (*c.memplan) {
+    std::printf("%s", train::plan_memory(train::load_config(a.config, a.sets)).report().c_str());
+    return 0;
+  }
+  if (*c.export_) return cmd_export(a.config, a.sets, a.model_path, a.format, a.dtype, a.out_path);
+  if (*c.import) return cmd_import(a.config, a.sets, a.st_path, a.out_path);
+  if (*c.report) {
+    std::printf("%s", train::report_run_directory(a.report_dir).c_str());
+    return 0;
+  }
+  if (*c.pack) return cmd_pack(a.pack_src, a.pack_out, a.pack_idx, a.pack_size, a.pack_limit, a.pack_png, a.pack_opts);
+  if (*c.bench_allreduce) {
+    a.ar.min_bytes = parse_bytes(a.ar_min, "--minbytes");
+    a.ar.max_bytes = parse_bytes(a.ar_max, "--maxbytes");
+    a.ar.dtype = parse_dtype(a.ar_dtype);
+    return apps::bench_allreduce(a.ar);
+  }
+  if (*c.bench_train) return apps::bench_train(a.tb);
+  if (*c.bench_alloc) return apps::bench_alloc(a.replay);
+  if (*c.bench_data) return apps::bench_data(a.db);
+  return 0;
+}
+
 }  // namespace
 
-// main: the command-line table (every subcommand and option, read top to bottom like --help),
-// then one dispatch to the cmd_* functions above. Long because it is that table, not logic.
 int main(int argc, char** argv) {
   CLI::App app{"replica: data-parallel training of ResNets on CPU replicas and GPUs"};
   app.require_subcommand(1);
   app.set_version_flag("--version", apps::version_report());
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "debug, info, warn, error or off");
-
-  std::string config, devices, run_dir, model_path, resume, checkpoint, trace, alloc_trace;
-  std::vector<std::string> sets;
-  auto add_common = [&](CLI::App* c) {
-    c->add_option("config", config, "YAML run configuration (default: the built-in configs/default.yaml)");
-    c->add_option("--set", sets, "override a key: --set train.epochs=1 (repeatable)")->allow_extra_args(false);
-    c->add_option("--devices", devices, "auto, cpu:N, cuda:0,1 (overrides parallel.devices)");
-  };
-  auto* train_cmd = app.add_subcommand("train", "train a model");
-  add_common(train_cmd);
-  train_cmd->add_option("--run-dir", run_dir, "where to write config, metrics and the model (train.run_dir)");
-  train_cmd->add_option("--resume", resume, "continue from the newest valid checkpoint of RUN_DIR (or a .ckpt file)");
-  train_cmd->add_option("--trace", trace, "write a Chrome-trace timeline (Perfetto) to this JSON file");
-  train_cmd->add_option("--alloc-trace", alloc_trace, "write replica 0's allocations as CSV (for bench alloc --replay)");
-  auto* eval_cmd = app.add_subcommand("eval", "evaluate a saved model on the test split");
-  add_common(eval_cmd);
-  eval_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)");
-  eval_cmd->add_option("--checkpoint", checkpoint, "a checkpoint file, or RUN_DIR for its newest checkpoint");
-  std::string format = "safetensors", dtype = "fp32", st_path, out_path;
-  auto* export_cmd = app.add_subcommand("export", "write a model's weights as safetensors with PyTorch's names");
-  export_cmd->add_option("out", out_path, "the .safetensors file to write")->required();
-  export_cmd->add_option("--model", model_path, "model file written by train (RUN_DIR/model.bin)")->required();
-  export_cmd->add_option("--config", config, "the run's configuration (default: config.yaml beside the model)");
-  export_cmd->add_option("--set", sets, "override a key (repeatable)");
-  export_cmd->add_option("--format", format, "safetensors");
-  export_cmd->add_option("--dtype", dtype, "fp32 (default), fp16 or bf16");
-  auto* import_cmd = app.add_subcommand("import", "read PyTorch-named safetensors weights into a replica model file");
-  import_cmd->add_option("in", st_path, "the .safetensors file (e.g. a torchvision state_dict)")->required();
-  import_cmd->add_option("--out", out_path, "the model file to write (MODEL.bin)")->required();
-  import_cmd->add_option("--config", config, "configuration that builds the model (default: the built-in)");
-  import_cmd->add_option("--set", sets, "override a key (repeatable)");
-  std::string pack_src, pack_out;
-  bool pack_idx = false;
-  data::PackOptions pack_opts;
-  int pack_size = 0;
-  int64_t pack_limit = 0;
-  bool pack_png = false;
-  auto* pack_cmd = app.add_subcommand("pack", "pack a class-folder image set into one memory-mapped file (data.dataset: packed)");
-  pack_cmd->add_option("src", pack_src, "a class-folder tree (SPLIT/<class>/<image>), or with --idx an MNIST-layout directory");
-  pack_cmd->add_option("out", pack_out, "the .pack file to write (with --idx: the folder to write train/ and val/ into)")->required();
-  pack_cmd->add_option("--max-side", pack_opts.max_side, "resize so the shorter side is at most this (default 256)");
-  pack_cmd->add_option("--quality", pack_opts.quality, "JPEG quality of the re-encoded images (default 90)");
-  pack_cmd->add_option("--threads", pack_opts.threads, "encoding threads (default: every core)");
-  pack_cmd->add_flag("--idx", pack_idx, "read IDX files (Fashion-MNIST, MNIST) from src and write a class-folder JPEG set");
-  pack_cmd->add_option("--size", pack_size, "with --idx: resize the images to size x size RGB (default: as they are)");
-  pack_cmd->add_option("--limit", pack_limit, "with --idx: only the first N images of each split (default: all)");
-  pack_cmd->add_flag("--png", pack_png, "with --idx: lossless PNG files instead of JPEG");
-  std::string report_dir;
-  auto* report_cmd = app.add_subcommand("report", "a run's summary and a plot of loss, accuracy and lr (RUN_DIR/report.svg)");
-  report_cmd->add_option("run_dir", report_dir, "the run directory (train.run_dir)")->required();
-  auto* dev_cmd = app.add_subcommand("devices", "list devices and the memory pool each would take");
-  add_common(dev_cmd);
-  auto* plan_cmd = app.add_subcommand("memplan", "memory per replica by tag, whether it fits, the largest micro-batch");
-  add_common(plan_cmd);
-
-  auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
-  bench_cmd->require_subcommand(1);
-  apps::AllreduceBenchOptions ar;
-  std::string min_s = "8", max_s = "128M";
-  auto* ar_cmd = bench_cmd->add_subcommand("allreduce", "all-reduce bandwidth, nccl-tests style");
-  ar_cmd->add_option("--devices", ar.devices, "ranks, e.g. cpu:2");
-  ar_cmd->add_option("-b,--minbytes", min_s, "smallest size (8, 1K, 1M)");
-  ar_cmd->add_option("-e,--maxbytes", max_s, "largest size");
-  ar_cmd->add_option("-f,--stepfactor", ar.factor, "size multiplier");
-  ar_cmd->add_option("-n,--iters", ar.iters, "timed iterations per size");
-  std::string ar_dtype = "f32";
-  ar_cmd->add_option("-d,--dtype", ar_dtype, "f32 (default), f16 or bf16")
-      ->check(CLI::IsMember({"f32", "fp32", "f16", "fp16", "bf16"}));
-  apps::TrainBenchOptions tb;
-  auto* tb_cmd = bench_cmd->add_subcommand("train", "training throughput for 1..N CPU or GPU replicas");
-  tb_cmd->add_option("--kind", tb.kind, "cpu (default) or cuda: the replicas are cpu:N or cuda:0..N-1")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  tb_cmd->add_option("config", tb.config, "YAML run configuration (default: built-in)");
-  tb_cmd->add_option("--set", tb.sets, "override a key (repeatable)");
-  tb_cmd->add_option("--replicas", tb.replicas, "replica counts to run, e.g. --replicas 1 2");
-  tb_cmd->add_option("--steps", tb.steps, "timed steps per run");
-  tb_cmd->add_option("--warmup", tb.warmup, "untimed steps first");
-  std::string replay;
-  auto* alloc_cmd = bench_cmd->add_subcommand("alloc", "replay an allocation trace against each pool policy");
-  alloc_cmd->add_option("--replay", replay, "CSV written by replica train --alloc-trace")->required();
-  apps::DataBenchOptions db;
-  auto* data_cmd = bench_cmd->add_subcommand("data", "images/s of the input pipeline alone (folder or packed data sets)");
-  data_cmd->add_option("config", db.config, "YAML run configuration");
-  data_cmd->add_option("--set", db.sets, "override a key (repeatable)");
-  data_cmd->add_option("--workers", db.workers, "worker counts to run, e.g. --workers 1 2");
-  data_cmd->add_option("--images", db.images, "images per run (default 2048)");
-
+  Args a;
+  Commands c{};
+  app.add_option("--log-level", a.log_level, "debug, info, warn, error or off");
+  add_run_commands(app, a, c);
+  add_file_commands(app, a, c);
+  add_bench_commands(app, a, c);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version are "errors" with code 0; a command line that does not parse is a
+    // usage error, exit 2 like a bad configuration (CLI11's own codes start at 105).
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "replica: error: %s\nreplica: 'replica --help' lists the commands, 'replica COMMAND --help' their options\n",
+                 e.what());
+    return 2;
   }
   try {
-    set_log_level(parse_log_level(log_level, "--log-level"));
-    if (!devices.empty()) sets.push_back("parallel.devices=" + devices);
-    if (!run_dir.empty()) sets.push_back("train.run_dir=" + run_dir);
-    if (*train_cmd) {
-      if (!resume.empty() && run_dir.empty()) {
-        // Resuming writes into the run being resumed unless told otherwise.
-        std::string dir = std::filesystem::is_regular_file(resume)
-                              ? std::filesystem::path(resume).parent_path().parent_path().string()
-                              : resume;
-        sets.push_back("train.run_dir=" + dir);
-      }
-      auto cfg = train::load_config(config, sets);
-      train::install_stop_signals();
-      train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = resume, .trace = trace, .alloc_trace = alloc_trace});
-      auto r = trainer.fit();
-      if (r.stopped_by_signal && trainer.group().lead_process()) {
-        std::printf("replica: stopped by signal %d after step %ld; checkpoint %s\n"
-                    "replica: resume with: replica train%s%s --resume %s\n",
-                    train::stop_signal(), (long)r.steps, r.last_checkpoint.c_str(), config.empty() ? "" : " ",
-                    config.c_str(), cfg.train.run_dir.c_str());
-      }
-      return 0;
-    }
-    if (*eval_cmd) return cmd_eval(config, sets, model_path, checkpoint);
-    if (*pack_cmd) return cmd_pack(pack_src, pack_out, pack_idx, pack_size, pack_limit, pack_png, pack_opts);
-    if (*data_cmd) return apps::bench_data(db);
-    if (*report_cmd) {
-      std::printf("%s", train::report_run_directory(report_dir).c_str());
-      return 0;
-    }
-    if (*export_cmd) return cmd_export(config, sets, model_path, format, dtype, out_path);
-    if (*import_cmd) return cmd_import(config, sets, st_path, out_path);
-    if (*dev_cmd) return cmd_devices(config, sets);
-    if (*plan_cmd) {
-      auto cfg = train::load_config(config, sets);
-      std::printf("%s", train::plan_memory(cfg).report().c_str());
-      return 0;
-    }
-    if (*ar_cmd) {
-      ar.min_bytes = parse_bytes(min_s, "--min");
-      ar.max_bytes = parse_bytes(max_s, "--max");
-      ar.dtype = parse_dtype(ar_dtype);
-      return apps::bench_allreduce(ar);
-    }
-    if (*tb_cmd) return apps::bench_train(tb);
-    if (*alloc_cmd) return apps::bench_alloc(replay);
+    return dispatch(c, a);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "replica: error: %s\n", e.what());
     parallel::abort_mpi_job("configuration error", 2);  // under mpirun: stop every process now
@@ -337,5 +369,4 @@ int main(int argc, char** argv) {
     parallel::abort_mpi_job(e.what(), 1);
     return 1;
   }
-  return 0;
 }

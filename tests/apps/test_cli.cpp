@@ -139,6 +139,31 @@ TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
   EXPECT_NE(r.out.find("/nonexistent/train-images-idx3-ubyte: cannot open"), std::string::npos) << r.out;
 }
 
+// A command line that does not parse is a usage error like a bad configuration: exit 2 with a line
+// naming the option (CLI11's own codes, 105 and up, are not what scripts expect); --help exits 0.
+TEST(Cli, UsageErrorsExitWith2AndNameTheOption) {
+  auto r = run("train --no-such-option");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--no-such-option"), std::string::npos) << r.out;
+  r = run("");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("subcommand"), std::string::npos) << r.out;
+  r = run("bench allreduce -d int8");
+  EXPECT_EQ(r.code, 2) << r.out;
+  r = run("bench allreduce --devices cpu:1 -b 12Q");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--minbytes"), std::string::npos) << r.out;
+  r = run("export");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("out is required"), std::string::npos) << r.out;
+  r = run("--help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train"), std::string::npos) << r.out;
+  r = run("bench allreduce --help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--dtype"), std::string::npos) << r.out;
+}
+
 // Every dtype the all-reduce benchmark takes reduces correctly (its #wrong column counts the
 // elements that differ from the exact sum) at sizes across the unit and block boundaries.
 TEST(Cli, BenchAllreduceIsRightInEveryDtype) {
