@@ -51,6 +51,10 @@ class Communicator {
   // True when buffers must be device memory (NCCL); host data then travels through
   // all_reduce_host / all_gather_host (parallel/gradient_sync.h).
   virtual bool device_buffers() const { return false; }
+  // True when collectives read and write other processes' buffers in place (MPI's node
+  // all-reduce, all processes on one machine): the pools then take memory those processes can
+  // map (PoolOptions::shared_across_processes).
+  virtual bool maps_peer_buffers() const { return false; }
 
   // In place over `count` elements of `dtype`. f32 sums in f32 (avg: the sum, then / size()).
   // 16-bit reductions (f16 / bf16) are 16-bit arithmetic on every communicator, as NCCL's ring

@@ -88,18 +88,19 @@ std::vector<std::unique_ptr<Communicator>> latency_lanes(const std::vector<Devic
 }
 
 // Replica r's pool settings; replicas sharing a GPU share its fraction (or bytes).
-PoolOptions pool_options_for(const std::vector<Device>& devices, size_t r, const GroupOptions& opts) {
+PoolOptions pool_options_for(const std::vector<Device>& devices, size_t r, const GroupOptions& opts,
+                             bool peers_map_buffers) {
   PoolOptions po = devices[r].kind == DeviceKind::cpu ? opts.cpu_pool : opts.cuda_pool;
   if (devices[r].kind == DeviceKind::cuda) {
     const auto sharing = std::count(devices.begin(), devices.end(), devices[r]);
     po.fraction /= static_cast<double>(sharing);
     po.bytes /= static_cast<size_t>(sharing);
   }
-  // Under mpirun the node all-reduce reads and writes the process leaders' buffers in place
-  // when they lie in memory the other processes can map (core/memory/shared_host_memory.h);
-  // REPLICA_MPI_ZERO_COPY=0 keeps private pages, and the all-reduce copies through its window.
-  if (devices[r].kind == DeviceKind::cpu && launched_by_mpi() && env_flag("REPLICA_MPI_SHM", true) &&
-      env_flag("REPLICA_MPI_ZERO_COPY", true))
+  // When every process of an MPI job is on this machine, the node all-reduce reads and writes
+  // the process leaders' buffers in place if they lie in memory the other processes can map
+  // (core/memory/shared_host_memory.h); REPLICA_MPI_ZERO_COPY=0 keeps private pages, and the
+  // all-reduce copies through its window. Across machines there is no node all-reduce to serve.
+  if (devices[r].kind == DeviceKind::cpu && peers_map_buffers && env_flag("REPLICA_MPI_ZERO_COPY", true))
     po.shared_across_processes = true;
   return po;
 }
@@ -147,12 +148,13 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     node_slot_ = launcher_local_rank();
   }
   pin_ = pin_ && static_cast<int>(devices.size()) <= host_core_count();
+  const bool peers_map_buffers = comms[0]->maps_peer_buffers();  // before the loop moves comms[0]
   for (size_t r = 0; r < devices.size(); ++r) {
     auto rep = std::make_unique<Replica>();
     rep->local_ = static_cast<int>(r);
     rep->rank_ = comms[r]->rank();
     rep->device_ = devices[r];
-    rep->pool_ = make_pool(devices[r], pool_options_for(devices, r, opts));
+    rep->pool_ = make_pool(devices[r], pool_options_for(devices, r, opts, peers_map_buffers));
     rep->stream_ = std::move(streams[r]);
     if (devices[r].kind == DeviceKind::cuda) rep->copy_stream_ = make_stream(devices[r]);
     rep->comm_ = std::move(comms[r]);

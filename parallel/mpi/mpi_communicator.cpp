@@ -197,6 +197,7 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return proc_.rank * lc_ + li_; }
   int size() const override { return proc_.size * lc_; }
   std::string name() const override { return "mpi"; }
+  bool maps_peer_buffers() const override { return node_ != nullptr; }
   void abort(const std::string& why) override {
     local_->abort(why);
     abort_mpi_job("global rank " + std::to_string(rank()) + ": " + why);

@@ -35,6 +35,15 @@ TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
   ReplicaGroup group(parse_devices("cpu:2"), o);
   const int world = group.world();
   ASSERT_EQ(world, 2 * group.processes());
+  // Every process is on this machine, so the pools take memory the others can map, unless
+  // REPLICA_MPI_ZERO_COPY=0 or REPLICA_MPI_SHM=0 (no node all-reduce) says otherwise.
+  {
+    const char* zc = std::getenv("REPLICA_MPI_ZERO_COPY");
+    const char* shm = std::getenv("REPLICA_MPI_SHM");
+    const bool want_shared = !(zc && std::string(zc) == "0") && !(shm && std::string(shm) == "0");
+    Tensor t = Tensor::empty(group.replica(0).pool(), {1024}, DType::f32, MemTag::grads);
+    EXPECT_EQ(find_shared_region(t.data<float>(), 4096, nullptr), want_shared);
+  }
   for (size_t n : {size_t(1), size_t(7), size_t(1000003)}) {
     group.run([&](Replica& rep) {
       auto& c = rep.comm();
