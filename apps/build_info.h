@@ -1,4 +1,4 @@
-// What this build of replica is: its version, the git commit it was configured from, and what it
+// What this build of replica is: its version, the git commit it was built from, and what it
 // was built with (`replica --version`).
 #pragma once
 #include <string>

@@ -377,3 +377,17 @@ TEST(Cli, ExportThenImportGivesTheModelBack) {
   EXPECT_NE(v.out.find("replica 0."), std::string::npos) << v.out;
   EXPECT_NE(v.out.find("MPI:"), std::string::npos) << v.out;
 }
+
+// --version names the commit the binary was built from, not the one its build directory was
+// configured at (an incremental build after a commit used to print the old one).
+TEST(Cli, VersionNamesTheCommitItWasBuiltFrom) {
+  FILE* p = popen("git -C " REPLICA_SOURCE_DIR " rev-parse --short=12 HEAD 2>/dev/null", "r");
+  char buf[64] = {};
+  const bool got = p && std::fgets(buf, sizeof buf, p);
+  if (p) pclose(p);
+  std::string head = got ? std::string(buf) : "";
+  while (!head.empty() && (head.back() == '\n' || head.back() == '\r')) head.pop_back();
+  if (head.size() != 12) GTEST_SKIP() << "the sources are not a git checkout";
+  auto v = run("--version");
+  EXPECT_NE(v.out.find("(git " + head), std::string::npos) << "HEAD is " << head << ":\n" << v.out;
+}
