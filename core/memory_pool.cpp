@@ -59,7 +59,7 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag, Stream* stream) {
   const size_t rounded = std::max(kGranularity, (bytes + kGranularity - 1) & ~(kGranularity - 1));
   if (stream && stream->synchronous()) stream = nullptr;  // nothing to order on a CPU
   const AllocRequest r{rounded, bytes, tag, stream};
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   const Allocation a = oom_->allocate(r);  // throws OutOfMemoryError
   Live* l = live_records_.get();
   *l = {a, r, AllocationSite::current()};
@@ -69,7 +69,7 @@ void* MemoryPool::allocate(size_t bytes, MemTag tag, Stream* stream) {
 
 void MemoryPool::deallocate(void* p) {
   if (!p) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   bool found = false;
   Live* l = live_.take(p, found);
   if (!found)
@@ -81,7 +81,7 @@ void MemoryPool::deallocate(void* p) {
 
 void MemoryPool::record_stream(void* p, Stream* stream) {
   if (!p || !stream || stream->synchronous()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   bool found = false;
   Live* l = live_.take(p, found);
   if (!found) return;
@@ -90,7 +90,7 @@ void MemoryPool::record_stream(void* p, Stream* stream) {
 }
 
 PoolStats MemoryPool::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   const UsageStats& u = stats_->usage();
   const MemoryInfo m = base_->info();
   PoolStats s;
@@ -113,44 +113,44 @@ PoolStats MemoryPool::stats() const {
 }
 
 void MemoryPool::reset_peaks() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   oom_->reset_peaks();
 }
 
 void MemoryPool::push_scope() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   stats_->push_scope();
 }
 
 ScopeStats MemoryPool::pop_scope() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   return stats_->pop_scope();
 }
 
 void MemoryPool::set_oom_advice(OomAdvice advice) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   oom_->set_advice(std::move(advice));
 }
 
 void MemoryPool::set_trace(AllocTrace* trace) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   trace_->set_trace(trace);
   trace_in_stack_ = trace != nullptr;
   restack();
 }
 
 void MemoryPool::set_step(int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   trace_->set_step(step);
 }
 
 size_t MemoryPool::release_unused() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   return oom_->release_unused();
 }
 
 std::vector<std::pair<std::string, size_t>> MemoryPool::live_by_site(MemTag tag) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   std::map<std::string, size_t> by;
   live_.for_each([&](const void*, Live* l) {
     if (l->r.tag == tag) by[l->site ? l->site : "(unnamed)"] += l->r.size;
@@ -161,7 +161,7 @@ std::vector<std::pair<std::string, size_t>> MemoryPool::live_by_site(MemTag tag)
 }
 
 void MemoryPool::plan_record_begin() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   if (options_.mode == AllocatorMode::platform)
     throw ConfigError("memory.step_plan needs the preallocate or growth pool, not platform");
   plan_->record_begin();
@@ -170,30 +170,30 @@ void MemoryPool::plan_record_begin() {
 }
 
 void MemoryPool::plan_record_end() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   AllocRequest arena;
   if (!plan_->record_end(&arena)) oom_->fail(arena);
 }
 
 void MemoryPool::plan_step_begin() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   plan_->step_begin();
 }
 
 void MemoryPool::plan_step_end() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   plan_->step_end();
 }
 
 void MemoryPool::plan_clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   plan_->clear();
   plan_in_stack_ = false;
   restack();
 }
 
 StepPlanStats MemoryPool::plan_stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<detail::SpinLock> lock(mu_);
   return plan_->stats();
 }
 

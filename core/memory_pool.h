@@ -18,6 +18,7 @@
 #include "core/memory/resource.h"
 #include "core/memory/step_plan_resource.h"
 #include "core/slab.h"
+#include "core/spin_lock.h"
 #include "core/ptr_map.h"
 #include "core/stream.h"
 #include "core/units.h"
@@ -113,7 +114,7 @@ class MemoryPool {
   std::unique_ptr<StatisticsAdaptor> stats_;
   std::unique_ptr<OomAdaptor> oom_;
 
-  mutable std::mutex mu_;
+  mutable detail::SpinLock mu_;
   detail::PtrMap<Live*> live_;
   detail::Slab<Live> live_records_;
 };
