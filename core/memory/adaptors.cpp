@@ -63,12 +63,6 @@ void TraceAdaptor::deallocate(const Allocation& a, const AllocRequest& r) {
   if (trace_) trace_->record(false, a.ptr, r.requested, r.tag, step_);
 }
 
-Allocation OomAdaptor::allocate(const AllocRequest& r) {
-  const Allocation a = below_->allocate(r);
-  if (!a.ptr) fail(r);
-  return a;
-}
-
 void OomAdaptor::fail(const AllocRequest& r) {
   ooms_++;
   const MemoryInfo m = below_->info();

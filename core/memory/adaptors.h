@@ -83,7 +83,12 @@ class OomAdaptor final : public ResourceAdaptor {
  public:
   OomAdaptor(MemoryResource* below, const StatisticsAdaptor* usage, Device device, PoolOptions options)
       : ResourceAdaptor(below), usage_(usage), device_(device), options_(std::move(options)) {}
-  Allocation allocate(const AllocRequest& r) override;
+  // Inline: the front calls it for every allocation, and it only forwards until one fails.
+  Allocation allocate(const AllocRequest& r) override {
+    const Allocation a = below_->allocate(r);
+    if (!a.ptr) fail(r);
+    return a;
+  }
   // Throws the out-of-memory error for `r` (also for requests made below, e.g. a step plan's arena).
   [[noreturn]] void fail(const AllocRequest& r);
   void set_advice(OomAdvice advice) { advice_ = std::move(advice); }
