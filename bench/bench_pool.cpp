@@ -2,8 +2,11 @@
 // (sizes log-uniform in 256 B .. 64 MiB), each iteration allocates one block and frees a random
 // live one. Reports ns per alloc+free pair (mean from Google Benchmark, median from per-pair
 // timing, and the mean of one pass with no clock reads) for each pool mode and for plain
-// malloc/free, side by side in one run.
-//   replica_bench_pool [--benchmark_repetitions=3 ...]
+// malloc/free, side by side in one run. BM_pool_layers times the pool's layers interleaved in
+// one process (this machine's speed phase is per process, so only ratios within one run are
+// comparable): the best-fit pool alone, with a pointer table and the pool's lock, and the whole
+// MemoryPool; `pool_over_layer` is the front's and adaptors' share.
+//   replica_bench_pool [--benchmark_repetitions=3 ...] [--benchmark_filter=layers]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -13,7 +16,10 @@
 #include <random>
 #include <vector>
 
+#include "core/memory/best_fit_pool.h"
 #include "core/memory_pool.h"
+#include "core/ptr_map.h"
+#include "core/spin_lock.h"
 
 using namespace replica;
 
@@ -41,6 +47,25 @@ const Plan& plan() {
   return p;
 }
 
+// One pass of the pairs with no clock reads inside: ns per pair.
+template <typename Alloc, typename Free>
+double unclocked_pass(Alloc alloc, Free release) {
+  const Plan& p = plan();
+  std::vector<void*> live(kWindow);
+  for (int i = 0; i < kWindow; ++i) live[i] = alloc(p.sizes[i]);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t k = 0; k < kOps; ++k) {
+    void* fresh = alloc(p.sizes[k]);
+    void*& victim = live[p.victims[k]];
+    release(victim);
+    victim = fresh;
+    benchmark::DoNotOptimize(fresh);
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / kOps;
+  for (void* v : live) release(v);
+  return ns;
+}
+
 template <typename Alloc, typename Free>
 void run(benchmark::State& state, Alloc alloc, Free release) {
   const Plan& p = plan();
@@ -60,22 +85,13 @@ void run(benchmark::State& state, Alloc alloc, Free release) {
     benchmark::DoNotOptimize(fresh);
     if (pair_ns.size() < kOps) pair_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
   }
+  for (void* v : live) release(v);
   // The same pairs once more with no clock read between them: the clock's reads wait for the
   // pair's work to finish (the vDSO orders rdtsc), so the per-pair median is the latency of one
   // pair on its own; this is the time a pair takes among others, as a program sees it.
-  const auto u0 = std::chrono::steady_clock::now();
-  for (size_t k = 0; k < kOps; ++k) {
-    void* fresh = alloc(p.sizes[k]);
-    void*& victim = live[p.victims[k]];
-    release(victim);
-    victim = fresh;
-    benchmark::DoNotOptimize(fresh);
-  }
-  const double unclocked = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - u0).count();
-  for (void* v : live) release(v);
+  state.counters["unclocked_pair_ns"] = unclocked_pass(alloc, release);
   std::nth_element(pair_ns.begin(), pair_ns.begin() + pair_ns.size() / 2, pair_ns.end());
   state.counters["median_pair_ns"] = pair_ns[pair_ns.size() / 2];
-  state.counters["unclocked_pair_ns"] = unclocked / kOps;
   state.SetItemsProcessed(state.iterations());
 }
 
@@ -103,8 +119,64 @@ void BM_timer_only(benchmark::State& s) {
   run(s, [](size_t) { return static_cast<void*>(nullptr); }, [](void*) {});
 }
 
+void BM_pool_layers(benchmark::State& state) {
+  const size_t bytes = size_t(16) << 30;
+  PoolOptions o;
+  o.mode = AllocatorMode::preallocate;
+  o.bytes = bytes;
+  MemoryPool pool({DeviceKind::cpu, 0}, std::make_unique<HostUpstream>(), o);
+  LimitedUpstream limited(std::make_unique<HostUpstream>(), bytes);
+  BestFitPool best_fit(&limited, std::make_unique<PreallocatePolicy>());
+  detail::PtrMap<Allocation> table;
+  detail::SpinLock lock;
+  const auto request = [](size_t n) { return AllocRequest{(n + 255) & ~size_t(255), n, MemTag::activations, nullptr}; };
+  std::vector<double> alone, layer, whole;
+  for (auto _ : state) {
+    for (int round = 0; round < 15; ++round) {
+      {  // the best-fit pool alone: the caller keeps each handle in its window slot
+        const Plan& p = plan();
+        std::vector<Allocation> live(kWindow);
+        for (int i = 0; i < kWindow; ++i) live[i] = best_fit.allocate(request(p.sizes[i]));
+        const auto t0 = std::chrono::steady_clock::now();
+        for (size_t k = 0; k < kOps; ++k) {
+          const Allocation fresh = best_fit.allocate(request(p.sizes[k]));
+          Allocation& victim = live[p.victims[k]];
+          best_fit.deallocate(victim, {});
+          victim = fresh;
+          benchmark::DoNotOptimize(fresh.ptr);
+        }
+        alone.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / kOps);
+        for (auto& v : live) best_fit.deallocate(v, {});
+      }
+      layer.push_back(unclocked_pass(
+          [&](size_t n) {
+            std::lock_guard<detail::SpinLock> g(lock);
+            const Allocation a = best_fit.allocate(request(n));
+            table.insert(a.ptr, a);
+            return a.ptr;
+          },
+          [&](void* q) {
+            std::lock_guard<detail::SpinLock> g(lock);
+            bool found = false;
+            best_fit.deallocate(table.take(q, found), {});
+          }));
+      whole.push_back(unclocked_pass([&](size_t n) { return pool.allocate(n, MemTag::activations); },
+                                     [&](void* q) { pool.deallocate(q); }));
+    }
+  }
+  const auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  state.counters["best_fit_ns"] = median(alone);
+  state.counters["with_table_lock_ns"] = median(layer);
+  state.counters["pool_ns"] = median(whole);
+  state.counters["pool_over_layer"] = median(whole) / median(layer);
+}
+
 }  // namespace
 
+BENCHMARK(BM_pool_layers)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_timer_only)->Iterations(kOps);
 BENCHMARK(BM_pool_preallocate)->Iterations(kOps);
 BENCHMARK(BM_pool_growth)->Iterations(kOps);
