@@ -278,8 +278,20 @@ class HostCommunicator : public Communicator {
         // (2048 floats, 40 KiB for 2 ranks, did not: 8 MiB median 8.3 -> 13.6 GB/s, bench/RESULTS.md).
         constexpr size_t kBlock = 512;
         float acc[kBlock];
+        // f32 sums and averages in one pass, the partial sums in registers (sum_to_all).
+        const bool one_pass = s.dtype == DType::f32 && s.op != ReduceOp::max;
+        std::vector<const float*> ins(R);
+        std::vector<float*> outs32(R);
+        for (int r = 0; r < R; ++r) {
+          ins[r] = static_cast<const float*>(srcs[r]);
+          outs32[r] = static_cast<float*>(outs[r]);
+        }
         for (size_t u = state_->claim(); u < units; u = state_->claim()) {
           const size_t lo = u * kUnit, hi = std::min(s.count, lo + kUnit);
+          if (one_pass) {
+            sum_to_all(ins.data(), outs32.data(), R, lo, hi - lo, s.op == ReduceOp::avg);
+            continue;
+          }
           for (size_t b = lo; b < hi; b += kBlock) {
             const size_t e = std::min(hi, b + kBlock);
             reduce_range(s.op, s.dtype, b, e, srcs, acc);

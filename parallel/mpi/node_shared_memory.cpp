@@ -246,10 +246,16 @@ void NodeAllReduce::reduce_units(const std::vector<char*>& bufs, size_t n, DType
   constexpr size_t kBlock = 512;  // an L1-resident accumulator
   float acc[kBlock], term[kBlock];
   uint16_t wire[kBlock];
+  std::vector<float*> f32(static_cast<size_t>(size_));  // f32 sums: one pass, in registers
+  for (int q = 0; q < size_; ++q) f32[q] = reinterpret_cast<float*>(bufs[q]);
   for (;;) {
     const size_t u = static_cast<size_t>(claim.fetch_add(1, std::memory_order_relaxed) - claimed_);
     if (u >= units) break;
     const size_t hi = std::min(n, (u + 1) * kUnitFloats);
+    if (t == DType::f32 && !max) {
+      sum_to_all(f32.data(), f32.data(), size_, u * kUnitFloats, hi - u * kUnitFloats, false);
+      continue;
+    }
     for (size_t b = u * kUnitFloats; b < hi; b += kBlock) {
       const size_t m = std::min(kBlock, hi - b), at = b * esize;
       if (t == DType::f32) {
