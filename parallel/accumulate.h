@@ -20,8 +20,8 @@ inline void accumulate(float* acc, const float* s, size_t m, bool max) {
 // divided by R when `avg` (times 1/R when R is a power of two: exact, the same bits). in[r] may be
 // out[r] (in place): each chunk is read from every input before it is written anywhere. One
 // pass with the partial sums in registers, R loads and R stores per element; through an L1
-// accumulator block (memcpy, accumulate, copy out) it was 2R + 1 loads and 2R + 1 stores, and
-// 4 ranks at 8 MiB ran at 0.58-0.68x memcpy instead of ... (bench/RESULTS.md).
+// accumulator block (memcpy, accumulate, copy out) it was 3R - 1 loads and 2R stores, and 4
+// ranks on 2 cores at 8 MiB ran at 0.62-0.75x memcpy against 0.81-0.92x now (bench/RESULTS.md).
 inline void sum_to_all(const float* const* in, float* const* out, int R, size_t off, size_t n, bool avg) {
   using F8 = float __attribute__((vector_size(32)));
   constexpr size_t kV = 4, kChunk = 8 * kV;  // four 8-float vectors: 32 floats, two cache lines
