@@ -37,6 +37,11 @@ tjhandle compressor() {
 }
 
 void jpeg_header(std::string_view bytes, const std::string& source, int& w, int& h, int& subsamp, int& cs) {
+  // TurboJPEG 2.1 returns success without writing the outputs when the bytes end inside the
+  // tables (jpeg_read_header's "tables only"): a truncated file must read as "no image size",
+  // not as whatever the caller's variables held (ASan showed 1574285923x2136683003).
+  w = h = 0;
+  subsamp = cs = -1;
   if (tjDecompressHeader3(decompressor(), reinterpret_cast<const unsigned char*>(bytes.data()),
                           static_cast<unsigned long>(bytes.size()), &w, &h, &subsamp, &cs) != 0)
     jpeg_fail(source, "header");
