@@ -237,6 +237,51 @@ class HostCommunicator : public Communicator {
     }
   }
 
+  // An all-reduce's work: every unit of the message reduced by whichever rank claims it.
+  void reduce_claimed_units(const Slot& s, const std::vector<const void*>& srcs) {
+    const int R = size();
+    const size_t esz = dtype_size(s.dtype);
+    // The message is cut into units of kUnit elements that ranks claim from a shared counter
+    // until none is left; a unit's claimer reads that range of every rank's input, reduces it
+    // (f32 sums in registers, the rest a block at a time in L1; rank order, so the bits do not
+    // depend on who claimed it) and writes it into that range of every rank's output. A range is
+    // touched by its claimer alone, so an in-place all-reduce is safe, and all ranks
+    // together move about the bytes of one memcpy of the message per rank (the first
+    // version reduced into a scratch slice and then had every rank copy every slice: three
+    // times the traffic, bench/RESULTS.md). Claiming instead of a fixed slice per rank
+    // means the ranks that are running do the work: with more ranks than cores, a rank
+    // the OS has descheduled no longer holds everyone up at the closing barrier with its
+    // slice still undone. Units are whole cache lines of any buffer aligned to 64 bytes.
+    constexpr size_t kUnit = 16384;  // 64 KiB of f32
+    const size_t units = (s.count + kUnit - 1) / kUnit;
+    std::vector<void*> outs(R);
+    for (int r = 0; r < R; ++r) outs[r] = state_->slot(r).recv;
+    // 2 KiB of f32 partial sums: a block's partials, its R inputs and R outputs stay in L1
+    // (2048 floats, 40 KiB for 2 ranks, did not: 8 MiB median 8.3 -> 13.6 GB/s, bench/RESULTS.md).
+    constexpr size_t kBlock = 512;
+    float acc[kBlock];
+    // f32 sums and averages in one pass, the partial sums in registers (sum_to_all).
+    const bool one_pass = s.dtype == DType::f32 && s.op != ReduceOp::max;
+    std::vector<const float*> ins(R);
+    std::vector<float*> outs32(R);
+    for (int r = 0; r < R; ++r) {
+      ins[r] = static_cast<const float*>(srcs[r]);
+      outs32[r] = static_cast<float*>(outs[r]);
+    }
+    for (size_t u = state_->claim(); u < units; u = state_->claim()) {
+      const size_t lo = u * kUnit, hi = std::min(s.count, lo + kUnit);
+      if (one_pass) {
+        sum_to_all(ins.data(), outs32.data(), R, lo, hi - lo, s.op == ReduceOp::avg);
+        continue;
+      }
+      for (size_t b = lo; b < hi; b += kBlock) {
+        const size_t e = std::min(hi, b + kBlock);
+        reduce_range(s.op, s.dtype, b, e, srcs, acc);
+        for (int r = 0; r < R; ++r) convert(acc, DType::f32, static_cast<char*>(outs[r]) + b * esz, s.dtype, e - b);
+      }
+    }
+  }
+
   void run(const Slot& s) {
     const int R = size();
     const char* what = kind_name(s.kind);
@@ -259,45 +304,7 @@ class HostCommunicator : public Communicator {
         // One rank in place (a process's only replica under MPI): the input is the result, and
         // the block loop below would cost a full read and write of the message.
         if (R == 1 && s.send == s.recv) return;
-        // The message is cut into units of kUnit elements that ranks claim from a shared counter
-        // until none is left; a unit's claimer reads that range of every rank's input, reduces
-        // it a block at a time (the block stays in L1; rank order, so the bits do not depend on
-        // who claimed it) and writes it into that range of every rank's output. A range is
-        // touched by its claimer alone, so an in-place all-reduce is safe, and all ranks
-        // together move about the bytes of one memcpy of the message per rank (the first
-        // version reduced into a scratch slice and then had every rank copy every slice: three
-        // times the traffic, bench/RESULTS.md). Claiming instead of a fixed slice per rank
-        // means the ranks that are running do the work: with more ranks than cores, a rank
-        // the OS has descheduled no longer holds everyone up at the closing barrier with its
-        // slice still undone. Units are whole cache lines of any buffer aligned to 64 bytes.
-        constexpr size_t kUnit = 16384;  // 64 KiB of f32
-        const size_t units = (s.count + kUnit - 1) / kUnit;
-        std::vector<void*> outs(R);
-        for (int r = 0; r < R; ++r) outs[r] = state_->slot(r).recv;
-        // 2 KiB of f32 partial sums: a block's partials, its R inputs and R outputs stay in L1
-        // (2048 floats, 40 KiB for 2 ranks, did not: 8 MiB median 8.3 -> 13.6 GB/s, bench/RESULTS.md).
-        constexpr size_t kBlock = 512;
-        float acc[kBlock];
-        // f32 sums and averages in one pass, the partial sums in registers (sum_to_all).
-        const bool one_pass = s.dtype == DType::f32 && s.op != ReduceOp::max;
-        std::vector<const float*> ins(R);
-        std::vector<float*> outs32(R);
-        for (int r = 0; r < R; ++r) {
-          ins[r] = static_cast<const float*>(srcs[r]);
-          outs32[r] = static_cast<float*>(outs[r]);
-        }
-        for (size_t u = state_->claim(); u < units; u = state_->claim()) {
-          const size_t lo = u * kUnit, hi = std::min(s.count, lo + kUnit);
-          if (one_pass) {
-            sum_to_all(ins.data(), outs32.data(), R, lo, hi - lo, s.op == ReduceOp::avg);
-            continue;
-          }
-          for (size_t b = lo; b < hi; b += kBlock) {
-            const size_t e = std::min(hi, b + kBlock);
-            reduce_range(s.op, s.dtype, b, e, srcs, acc);
-            for (int r = 0; r < R; ++r) convert(acc, DType::f32, static_cast<char*>(outs[r]) + b * esz, s.dtype, e - b);
-          }
-        }
+        reduce_claimed_units(s, srcs);
         state_->barrier(rank_, what);  // every unit is in every output before anyone returns
         return;
       }
