@@ -260,13 +260,14 @@ class HostCommunicator : public Communicator {
     // (2048 floats, 40 KiB for 2 ranks, did not: 8 MiB median 8.3 -> 13.6 GB/s, bench/RESULTS.md).
     constexpr size_t kBlock = 512;
     float acc[kBlock];
-    // f32 sums and averages in one pass, the partial sums in registers (sum_to_all).
+    // f32 sums and averages in one pass, the partial sums in registers (sum_to_all), through
+    // f32 views of the same pointers.
     const bool one_pass = s.dtype == DType::f32 && s.op != ReduceOp::max;
-    std::vector<const float*> ins(R);
-    std::vector<float*> outs32(R);
-    for (int r = 0; r < R; ++r) {
-      ins[r] = static_cast<const float*>(srcs[r]);
-      outs32[r] = static_cast<float*>(outs[r]);
+    std::vector<const float*> ins;
+    std::vector<float*> outs32;
+    for (int r = 0; one_pass && r < R; ++r) {
+      ins.push_back(static_cast<const float*>(srcs[r]));
+      outs32.push_back(static_cast<float*>(outs[r]));
     }
     for (size_t u = state_->claim(); u < units; u = state_->claim()) {
       const size_t lo = u * kUnit, hi = std::min(s.count, lo + kUnit);

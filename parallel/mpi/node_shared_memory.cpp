@@ -258,7 +258,7 @@ void NodeAllReduce::reduce_units(const std::vector<char*>& bufs, size_t n, DType
     }
     for (size_t b = u * kUnitFloats; b < hi; b += kBlock) {
       const size_t m = std::min(kBlock, hi - b), at = b * esize;
-      if (t == DType::f32) {
+      if (t == DType::f32) {  // max (sums went through sum_to_all above)
         std::memcpy(acc, bufs[0] + at, m * sizeof(float));
         for (int q = 1; q < size_; ++q) accumulate(acc, reinterpret_cast<const float*>(bufs[q] + at), m, max);
         for (int q = 0; q < size_; ++q) std::memcpy(bufs[q] + at, acc, m * sizeof(float));
