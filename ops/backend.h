@@ -136,6 +136,13 @@ class Backend {
   // nonfinite = 1 if any element of grads was inf or NaN (the caller zeroes it first).
   virtual void sum_squares_into(const Tensor& x, const Tensor& out) = 0;
   virtual void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) = 0;
+  // The gradient norm's fixed blocks (parallel/shard_plan.h, norm_blocks), on the device:
+  // out[i] = the sum of squares of segment i of x in double, rounded to f32 (out: f32, one per
+  // segment); and out[0] = the sum of x's elements in index order in double, rounded to f32. The
+  // two give the same bits however the blocks were spread over replicas.
+  virtual void segment_sum_squares_into(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& segments,
+                                        const Tensor& out) = 0;
+  virtual void sum_in_order_into(const Tensor& x, const Tensor& out) = 0;
   // Copies `src` (at most 4 KiB) to host memory once the work queued before it is done: the
   // training step's one host synchronisation. While it waits, `poll` (if set) is called now and
   // then, and may throw: the communicators' health checks, so a failed or hung collective that

@@ -1,15 +1,17 @@
 // AdamW and LARS over the flat buffers, and clipping by the global gradient norm.
 #include <cmath>
 
+#include "core/errors.h"
 #include "ops/backend.h"
 #include "optim/optimizer.h"
 
 namespace replica::optim {
 
-AdamW::AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, AdamWOptions o)
-    : o_(o), groups_(make_groups(reg, o.no_decay_bn_bias)) {
-  m_ = Tensor::zeros(pool, {std::max<int64_t>(total, 1)}, DType::f32, MemTag::optimizer);
-  v_ = Tensor::zeros(pool, {std::max<int64_t>(total, 1)}, DType::f32, MemTag::optimizer);
+AdamW::AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, AdamWOptions o, ShardRange r) : o_(o) {
+  set_range(total, r);
+  groups_ = clip_groups(make_groups(reg, o.no_decay_bn_bias), lo_, hi_);
+  m_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
+  v_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
 
 void AdamW::step(const Tensor& params, const Tensor& grads, float lr) {
@@ -26,15 +28,23 @@ void AdamW::step(const Tensor& params, const Tensor& grads, float lr) {
   for (const auto& grp : groups_) {
     u.decay = grp.decay ? 1.f - lr * o_.weight_decay : 1.f;
     Shape s{grp.count};
-    be.adamw_update(params.view(grp.offset, s), grads.view(grp.offset, s), m_.view(grp.offset, s),
-                    v_.view(grp.offset, s), u);
+    be.adamw_update(params.view(grp.offset, s), grads.view(grp.offset, s), m_.view(grp.offset - lo_, s),
+                    v_.view(grp.offset - lo_, s), u);
   }
 }
 
-Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOptions o) : o_(o) {
-  for (const auto& s : reg.params())
-    slots_.push_back({s.offset, s.shape.numel(), s.kind == nn::ParamKind::weight});
-  momentum_ = Tensor::zeros(pool, {std::max<int64_t>(total, 1)}, DType::f32, MemTag::optimizer);
+Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOptions o, ShardRange r) : o_(o) {
+  set_range(total, r);
+  for (const auto& s : reg.params()) {
+    const int64_t n = s.shape.numel();
+    if (s.offset + n <= lo_ || s.offset >= hi_) continue;  // another replica's
+    if (s.offset < lo_ || s.offset + n > hi_)
+      throw Error("lars: shard range [" + std::to_string(lo_) + ", " + std::to_string(hi_) + ") splits the tensor at [" +
+                  std::to_string(s.offset) + ", " + std::to_string(s.offset + n) +
+                  "); LARS shards are cut on tensor edges (its trust ratio needs the whole tensor's norms)");
+    slots_.push_back({s.offset, n, s.kind == nn::ParamKind::weight});
+  }
+  momentum_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
   for (const auto& s : slots_)
     if (s.adapt) adapted_.emplace_back(s.offset, s.count);
   ratios_ = Tensor::zeros(pool, {std::max<int64_t>(static_cast<int64_t>(adapted_.size()), 1)}, DType::f32,
@@ -51,7 +61,7 @@ void Lars::step(const Tensor& params, const Tensor& grads, float lr) {
   for (const auto& s : slots_) {
     Shape sh{s.count};
     const Tensor ratio = s.adapt ? ratios_.view(k++, {1}) : Tensor();
-    be.lars_update(params.view(s.offset, sh), grads.view(s.offset, sh), momentum_.view(s.offset, sh), lr, ratio,
+    be.lars_update(params.view(s.offset, sh), grads.view(s.offset, sh), momentum_.view(s.offset - lo_, sh), lr, ratio,
                    o_.momentum, s.adapt ? o_.weight_decay : 0.f);
   }
   steps_++;

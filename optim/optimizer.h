@@ -17,19 +17,35 @@ struct ParamGroup {
   bool decay = true;
 };
 
+// The range [lo, hi) of the flat buffer an optimizer updates and keeps state for: everything by
+// default (hi < 0: to the end), one replica's shard under parallel.shard (ZeRO-1/2). Every update
+// is elementwise within a tensor, so a shard's update has exactly the bits of the same elements'
+// update over the whole buffer.
+struct ShardRange {
+  int64_t lo = 0, hi = -1;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
-  // One update of params from grads at learning rate lr. Grads are read, not changed.
+  // One update of params from grads at learning rate lr, over the optimizer's range of the full
+  // flat buffers (params and grads are whole; only [range_lo, range_hi) is read or changed).
   virtual void step(const Tensor& params, const Tensor& grads, float lr) = 0;
-  // State tensors (momentum, moments) for checkpoints.
+  // State tensors (momentum, moments) for checkpoints: each covers [range_lo, range_hi).
   virtual std::vector<Tensor*> state() = 0;
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
+  int64_t range_lo() const { return lo_; }
+  int64_t range_hi() const { return hi_; }
+  int64_t total() const { return total_; }  // elements of the whole flat buffer
 
  protected:
+  // Fixes the range for a buffer of `total` elements; throws Error when it does not fit.
+  void set_range(int64_t total, ShardRange r);
+  int64_t range_size() const { return std::max<int64_t>(hi_ - lo_, 1); }  // state tensors are never empty
   int64_t steps_ = 0;
+  int64_t lo_ = 0, hi_ = 0, total_ = 0;
 };
 
 struct SgdOptions {
@@ -45,7 +61,7 @@ struct SgdOptions {
 
 class Sgd : public Optimizer {
  public:
-  Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o);
+  Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o, ShardRange r = {});
   std::string name() const override { return "sgd"; }
   void step(const Tensor& params, const Tensor& grads, float lr) override;
   std::vector<Tensor*> state() override { return {&momentum_}; }
@@ -66,7 +82,7 @@ struct AdamWOptions {
 // AdamW (Loshchilov & Hutter) with bias correction, PyTorch's update order.
 class AdamW : public Optimizer {
  public:
-  AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, AdamWOptions o);
+  AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, AdamWOptions o, ShardRange r = {});
   std::string name() const override { return "adamw"; }
   void step(const Tensor& params, const Tensor& grads, float lr) override;
   std::vector<Tensor*> state() override { return {&m_, &v_}; }
@@ -86,10 +102,11 @@ struct LarsOptions {
 
 // LARS (You et al. 2017) as in the large-batch ResNet recipes: each weight tensor's step is
 // scaled by eta * |w| / (|g| + wd |w|); batch-norm parameters and biases are excluded from both
-// the adaptation and weight decay and take a plain momentum step.
+// the adaptation and weight decay and take a plain momentum step. Sharded, a tensor is never split:
+// its range must start and end on tensor edges (the trust ratio's norms come from its owner alone).
 class Lars : public Optimizer {
  public:
-  Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOptions o);
+  Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOptions o, ShardRange r = {});
   std::string name() const override { return "lars"; }
   void step(const Tensor& params, const Tensor& grads, float lr) override;
   std::vector<Tensor*> state() override { return {&momentum_}; }
@@ -108,6 +125,8 @@ class Lars : public Optimizer {
 
 // Groups of the flat buffer: each slot with its decay flag, merged when neighbours agree.
 std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_bn_bias);
+// The parts of `groups` inside [lo, hi).
+std::vector<ParamGroup> clip_groups(const std::vector<ParamGroup>& groups, int64_t lo, int64_t hi);
 
 // Scales grads so their global L2 norm is at most max_norm; returns the norm before clipping.
 double clip_grad_norm(const Tensor& grads, double max_norm);

@@ -1,5 +1,8 @@
 // Parameter groups: runs of the flat parameter buffer that share a weight-decay setting, so every
 // optimizer's fused update walks a few long ranges instead of one tensor at a time.
+#include <algorithm>
+
+#include "core/errors.h"
 #include "optim/optimizer.h"
 
 namespace replica::optim {
@@ -16,6 +19,25 @@ std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_
     }
   }
   return g;
+}
+
+std::vector<ParamGroup> clip_groups(const std::vector<ParamGroup>& groups, int64_t lo, int64_t hi) {
+  std::vector<ParamGroup> out;
+  for (const auto& g : groups) {
+    const int64_t a = std::max(g.offset, lo), e = std::min(g.offset + g.count, hi);
+    if (a < e) out.push_back({a, e - a, g.decay});
+  }
+  return out;
+}
+
+void Optimizer::set_range(int64_t total, ShardRange r) {
+  const int64_t hi = r.hi < 0 ? total : r.hi;
+  if (r.lo < 0 || r.lo > hi || hi > total)
+    throw Error(name() + ": shard range [" + std::to_string(r.lo) + ", " + std::to_string(hi) +
+                ") does not fit a flat buffer of " + std::to_string(total) + " elements");
+  lo_ = r.lo;
+  hi_ = hi;
+  total_ = total;
 }
 
 }  // namespace replica::optim

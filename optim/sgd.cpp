@@ -5,9 +5,10 @@
 
 namespace replica::optim {
 
-Sgd::Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o)
-    : o_(o), groups_(make_groups(reg, o.no_decay_bn_bias)) {
-  momentum_ = Tensor::zeros(pool, {std::max<int64_t>(total, 1)}, DType::f32, MemTag::optimizer);
+Sgd::Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o, ShardRange r) : o_(o) {
+  set_range(total, r);
+  groups_ = clip_groups(make_groups(reg, o.no_decay_bn_bias), lo_, hi_);
+  momentum_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
 
 void Sgd::step(const Tensor& params, const Tensor& grads, float lr) {
@@ -22,7 +23,7 @@ void Sgd::step(const Tensor& params, const Tensor& grads, float lr) {
     u.nesterov = o_.nesterov;
     u.first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
     be.sgd_update(params.view(grp.offset, {grp.count}), grads.view(grp.offset, {grp.count}),
-                  momentum_.view(grp.offset, {grp.count}), u);
+                  momentum_.view(grp.offset - lo_, {grp.count}), u);
   }
   steps_++;
 }

@@ -22,7 +22,10 @@ inline void accumulate(float* acc, const float* s, size_t m, bool max) {
 // pass with the partial sums in registers, R loads and R stores per element; through an L1
 // accumulator block (memcpy, accumulate, copy out) it was 3R - 1 loads and 2R stores, and 4
 // ranks on 2 cores at 8 MiB ran at 0.62-0.75x memcpy against 0.81-0.92x now (bench/RESULTS.md).
-inline void sum_to_all(const float* const* in, float* const* out, int R, size_t off, size_t n, bool avg) {
+// `outs` (default R) is how many of out[] receive the result: 1 for a reduce-scatter's owner.
+inline void sum_to_all(const float* const* in, float* const* out, int R, size_t off, size_t n, bool avg,
+                       int outs = -1) {
+  if (outs < 0) outs = R;
   using F8 = float __attribute__((vector_size(32)));
   constexpr size_t kV = 4, kChunk = 8 * kV;  // four 8-float vectors: 32 floats, two cache lines
   const bool pow2 = (R & (R - 1)) == 0;
@@ -39,14 +42,14 @@ inline void sum_to_all(const float* const* in, float* const* out, int R, size_t 
       }
     if (avg)
       for (size_t k = 0; k < kV; ++k) v[k] = pow2 ? v[k] * inv : v[k] / fr;
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < outs; ++r)
       for (size_t k = 0; k < kV; ++k) std::memcpy(out[r] + i + 8 * k, &v[k], sizeof(F8));
   }
   for (; i < end; ++i) {  // the tail, element by element in the same order
     float v = in[0][i];
     for (int r = 1; r < R; ++r) v += in[r][i];
     if (avg) v = pow2 ? v * inv : v / fr;
-    for (int r = 0; r < R; ++r) out[r][i] = v;
+    for (int r = 0; r < outs; ++r) out[r][i] = v;
   }
 }
 

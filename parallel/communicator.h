@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -72,6 +73,18 @@ class Communicator {
                                           ReduceOp op) = 0;
   virtual WorkHandle barrier_async() = 0;
 
+  // Uneven, in-place forms for sharded training state (ZeRO): `bounds` has size() + 1
+  // non-decreasing entries from 0 to `count`, and rank r owns [bounds[r], bounds[r + 1]).
+  // reduce_scatter_v: rank r's owned range receives each element's reduction with exactly the
+  // bits all_reduce gives it (the same order of additions); nothing else in its buffer changes.
+  // all_gather_v: every rank's buffer receives every owner's range; owned ranges are read only.
+  // The defaults (host memory only) go through all_reduce / all_gather of the whole message (twice
+  // the bytes of a true reduce-scatter, the same bits by construction); the host and NCCL
+  // communicators override them with true ranged collectives.
+  virtual WorkHandle reduce_scatter_v_async(void* data, size_t count, DType dtype, ReduceOp op,
+                                            const std::vector<size_t>& bounds);
+  virtual WorkHandle all_gather_v_async(void* data, size_t count, DType dtype, const std::vector<size_t>& bounds);
+
   // Stops every pending and future collective on every rank with CommError(why).
   virtual void abort(const std::string& why) = 0;
 
@@ -90,6 +103,20 @@ class Communicator {
     reduce_scatter_async(send, recv, count, dtype, op)->wait();
   }
   virtual void barrier() { barrier_async()->wait(); }
+  virtual void reduce_scatter_v(void* data, size_t count, DType dtype, ReduceOp op, const std::vector<size_t>& bounds) {
+    reduce_scatter_v_async(data, count, dtype, op, bounds)->wait();
+  }
+  virtual void all_gather_v(void* data, size_t count, DType dtype, const std::vector<size_t>& bounds) {
+    all_gather_v_async(data, count, dtype, bounds)->wait();
+  }
+
+ protected:
+  // Throws CommError unless `bounds` cuts [0, count) into size() ranges (see reduce_scatter_v).
+  void check_bounds(const char* what, size_t count, const std::vector<size_t>& bounds) const;
+  // The defaults' bodies, run on the calling thread (an implementation with a queue submits them).
+  void reduce_scatter_v_by_all_reduce(void* data, size_t count, DType dtype, ReduceOp op,
+                                      const std::vector<size_t>& bounds);
+  void all_gather_v_by_all_gather(void* data, size_t count, DType dtype, const std::vector<size_t>& bounds);
 };
 
 }  // namespace replica::parallel

@@ -34,6 +34,25 @@ GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Co
   }
 }
 
+std::vector<int64_t> initial_bucket_edges(const std::vector<int64_t>& offsets, int64_t total, const BucketOptions& o) {
+  // The reverse-order cut of GradientSync::cut, as edges: buckets there are contiguous ranges.
+  const double wire_bytes = static_cast<double>(dtype_size(o.wire));
+  double cap = o.first_bucket_mb * 1048576.0;
+  std::vector<int64_t> edges{total};
+  int64_t elements = 0;
+  for (int s = static_cast<int>(offsets.size()) - 1; s >= 0; --s) {
+    if (elements > 0 && static_cast<double>(elements) * wire_bytes >= cap) {
+      edges.push_back(offsets[s + 1]);
+      cap = o.bucket_mb * 1048576.0;
+      elements = 0;
+    }
+    elements += (s + 1 < static_cast<int>(offsets.size()) ? offsets[s + 1] : total) - offsets[s];
+  }
+  edges.push_back(0);
+  std::sort(edges.begin(), edges.end());
+  return edges;
+}
+
 void GradientSync::cut(const std::vector<int>& order) {
   const int n = static_cast<int>(offsets_.size());
   const int64_t total = grads_.numel();
@@ -121,14 +140,21 @@ void GradientSync::launch(Bucket& b) {
     return;
   }
   const size_t n = static_cast<size_t>(b.hi - b.lo);
+  void* data = grads_.data<float>() + b.lo;
+  DType dt = DType::f32;
   if (staging_.defined()) {
     const size_t es = dtype_size(staging_.dtype());
-    void* st = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.lo) * es;
+    data = static_cast<char*>(staging_.raw()) + static_cast<size_t>(b.lo) * es;
+    dt = staging_.dtype();
     cast_(grads_.view(b.lo, {b.hi - b.lo}), staging_.view(b.lo, {b.hi - b.lo}));
-    b.work = comm_.all_reduce_async(st, n, staging_.dtype(), ReduceOp::avg);
+  }
+  if (!o_.shard.empty()) {  // ZeRO-2: each rank receives its own part of the bucket
+    std::vector<size_t> within;
+    for (int64_t e : o_.shard) within.push_back(static_cast<size_t>(std::clamp(e, b.lo, b.hi) - b.lo));
+    b.work = comm_.reduce_scatter_v_async(data, n, dt, ReduceOp::avg, within);
     return;
   }
-  b.work = comm_.all_reduce_async(grads_.data<float>() + b.lo, n, DType::f32, ReduceOp::avg);
+  b.work = comm_.all_reduce_async(data, n, dt, ReduceOp::avg);
 }
 
 void GradientSync::unpack(Bucket& b) {
@@ -141,7 +167,12 @@ void GradientSync::unpack(Bucket& b) {
       at += hi - lo;
     }
   } else if (staging_.defined()) {
-    cast_(staging_.view(b.lo, {b.hi - b.lo}), grads_.view(b.lo, {b.hi - b.lo}));
+    int64_t lo = b.lo, hi = b.hi;
+    if (!o_.shard.empty()) {  // only this rank's part was reduced
+      lo = std::clamp(o_.shard[comm_.rank()], b.lo, b.hi);
+      hi = std::clamp(o_.shard[comm_.rank() + 1], b.lo, b.hi);
+    }
+    if (hi > lo) cast_(staging_.view(lo, {hi - lo}), grads_.view(lo, {hi - lo}));
   }
 }
 
@@ -231,6 +262,10 @@ void all_gather_host(Communicator& comm, MemoryPool* pool, const float* send, fl
   comm.all_gather(s.raw(), r.raw(), n, DType::f32);
   std::string back = tensor_to_bytes(r);
   std::memcpy(recv, back.data(), back.size());
+}
+
+void all_gather_v_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, const std::vector<size_t>& bounds) {
+  in_place_on_host(comm, pool, data, n, [&](void* p) { comm.all_gather_v(p, n, DType::f32, bounds); });
 }
 
 void check_replicas_agree(Communicator& comm, const Tensor& params, int64_t step) {

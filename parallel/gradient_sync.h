@@ -32,6 +32,11 @@ struct BucketOptions {
   // Converts between the f32 gradients and the wire dtype. Host conversion when empty; a GPU
   // replica passes its op backend's cast (parallel/ stands on core and does not know the kernels).
   std::function<void(const Tensor& src, const Tensor& dst)> cast;
+  // ZeRO-2 (parallel.shard: gradients): world + 1 offsets of the flat buffer, rank r owning
+  // [shard[r], shard[r + 1]). A bucket is then reduce-scattered (Communicator::reduce_scatter_v):
+  // each rank receives only its part of the reduced bucket, with the bits an all-reduce gives it;
+  // the rest of its gradient buffer keeps its local sums. Empty: buckets are all-reduced.
+  std::vector<int64_t> shard;
 };
 
 struct Bucket {
@@ -100,6 +105,11 @@ class GradientSync {
   int rebuilds_ = 0;
 };
 
+// Where the initial buckets (reverse parameter order, BucketOptions' sizes) start and end in the
+// flat buffer, sorted: the cut points a ShardPlan prefers, so that most buckets have one owner.
+std::vector<int64_t> initial_bucket_edges(const std::vector<int64_t>& slot_offsets, int64_t total,
+                                          const BucketOptions& o);
+
 // Broadcasts a float buffer from rank 0 (parameters at start and after resume).
 void broadcast_from_root(Communicator& comm, Tensor& t);
 
@@ -107,6 +117,8 @@ void broadcast_from_root(Communicator& comm, Tensor& t);
 // (NCCL) gets a temporary copy in `pool`, the replica's device pool (tag other).
 void all_reduce_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, ReduceOp op);
 void all_gather_host(Communicator& comm, MemoryPool* pool, const float* send, float* recv, size_t n);
+// Communicator::all_gather_v over host floats (sharded optimizer state gathered for a checkpoint).
+void all_gather_v_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, const std::vector<size_t>& bounds);
 void broadcast_host(Communicator& comm, MemoryPool* pool, float* data, size_t n, int root);
 // All replicas must hold bit-identical parameters; throws TrainingError naming the diverging
 // ranks and the step otherwise.

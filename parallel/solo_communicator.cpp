@@ -31,6 +31,15 @@ class SoloCommunicator : public Communicator {
     return std::make_shared<DoneWork>();
   }
   WorkHandle barrier_async() override { return check(); }
+  // One rank owns everything: the reduction of one contribution is itself (avg divides by 1).
+  WorkHandle reduce_scatter_v_async(void*, size_t n, DType, ReduceOp, const std::vector<size_t>& b) override {
+    check_bounds("reduce_scatter_v", n, b);
+    return check();
+  }
+  WorkHandle all_gather_v_async(void*, size_t n, DType, const std::vector<size_t>& b) override {
+    check_bounds("all_gather_v", n, b);
+    return check();
+  }
   void abort(const std::string& why) override { aborted_ = why; }
 
  private:

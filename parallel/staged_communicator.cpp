@@ -47,6 +47,21 @@ class StagedCommunicator : public Communicator {
     copy_(r, h + in, out);
     return done();
   }
+  WorkHandle reduce_scatter_v_async(void* d, size_t n, DType t, ReduceOp op, const std::vector<size_t>& b) override {
+    check_bounds("reduce_scatter_v", n, b);
+    const size_t es = dtype_size(t), lo = b[rank()], hi = b[rank() + 1];
+    char* h = stage(d, n * es, 0);
+    host_->reduce_scatter_v(h, n, t, op, b);
+    copy_(static_cast<char*>(d) + lo * es, h + lo * es, (hi - lo) * es);  // only the owned range changed
+    return done();
+  }
+  WorkHandle all_gather_v_async(void* d, size_t n, DType t, const std::vector<size_t>& b) override {
+    check_bounds("all_gather_v", n, b);
+    char* h = stage(d, n * dtype_size(t), 0);
+    host_->all_gather_v(h, n, t, b);
+    copy_(d, h, n * dtype_size(t));
+    return done();
+  }
   WorkHandle barrier_async() override {
     host_->barrier();
     return done();

@@ -298,6 +298,7 @@ std::map<std::string, Section> schema(RunConfig& c) {
        {text_key("devices", p.devices),
         bool_key("sync_bn", p.sync_bn),
         choice_key("grad_dtype", p.grad_dtype, {"fp32", "fp16", "bf16"}),
+        choice_key("shard", p.shard, {"none", "optimizer", "gradients"}),
         double_key("bucket_mb", p.bucket_mb, 0.001, 1e6),
         double_key("first_bucket_mb", p.first_bucket_mb, 0.001, 1e6),
         int_key("check_every", p.check_every, 0, int64_t(1) << 40),

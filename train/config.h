@@ -84,6 +84,7 @@ struct ParallelConfig {
   std::string devices = "auto";  // every GPU, else 2 CPU replicas
   bool sync_bn = false;
   std::string grad_dtype = "fp32";  // all-reduce dtype: fp32 | fp16 | bf16
+  std::string shard = "none";       // none | optimizer (ZeRO-1) | gradients (ZeRO-2): parallel/shard_plan.h
   double bucket_mb = 25;
   double first_bucket_mb = 1;
   int64_t check_every = 100;

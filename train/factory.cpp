@@ -5,6 +5,7 @@
 
 #include "core/pools.h"
 #include "ops/models/resnet.h"
+#include "parallel/gradient_sync.h"
 
 namespace replica::train {
 
@@ -15,21 +16,43 @@ std::unique_ptr<nn::Model> make_model(const RunConfig& cfg, const Shape& s, int6
                               .checkpoint_every = cfg.model.checkpoint_every});
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, nn::Model& model, MemoryPool& pool) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, nn::Model& model, MemoryPool& pool,
+                                                 optim::ShardRange range) {
   auto f = [](double v) { return static_cast<float>(v); };
   if (o.name == "adamw")
     return std::make_unique<optim::AdamW>(
         model.registry(), model.num_params(), pool,
-        optim::AdamWOptions{f(o.beta1), f(o.beta2), f(o.eps), f(o.weight_decay), o.no_decay_bn_bias});
+        optim::AdamWOptions{f(o.beta1), f(o.beta2), f(o.eps), f(o.weight_decay), o.no_decay_bn_bias}, range);
   if (o.name == "lars")
     return std::make_unique<optim::Lars>(model.registry(), model.num_params(), pool,
-                                         optim::LarsOptions{f(o.momentum), f(o.weight_decay), f(o.trust_coefficient)});
+                                         optim::LarsOptions{f(o.momentum), f(o.weight_decay), f(o.trust_coefficient)},
+                                         range);
   return std::make_unique<optim::Sgd>(model.registry(), model.num_params(), pool,
                                       optim::SgdOptions{.momentum = f(o.momentum),
                                                         .nesterov = o.nesterov,
                                                         .weight_decay = f(o.weight_decay),
                                                         .decoupled = o.decoupled_weight_decay,
-                                                        .no_decay_bn_bias = o.no_decay_bn_bias});
+                                                        .no_decay_bn_bias = o.no_decay_bn_bias},
+                                      range);
+}
+
+parallel::ShardPlan make_shard_plan(const RunConfig& cfg, const nn::Model& model, int world) {
+  const auto mode = parallel::parse_shard_mode(cfg.parallel.shard, "parallel.shard");
+  std::vector<int64_t> offsets;
+  for (const auto& p : model.registry().params()) offsets.push_back(p.offset);
+  const int64_t total = model.num_params();
+  if (mode == parallel::ShardMode::none) return parallel::plan_shards(mode, total, 1, {}, {});
+  parallel::BucketOptions bo;
+  bo.bucket_mb = cfg.parallel.bucket_mb;
+  bo.first_bucket_mb = cfg.parallel.first_bucket_mb;
+  bo.wire = parse_dtype(cfg.parallel.grad_dtype);
+  auto inner = [&](std::vector<int64_t> v) {  // cut points strictly inside the buffer
+    std::erase_if(v, [&](int64_t x) { return x <= 0 || x >= total; });
+    return v;
+  };
+  const std::vector<int64_t> preferred = inner(parallel::initial_bucket_edges(offsets, total, bo));
+  const std::vector<int64_t> allowed = inner(cfg.optim.name == "lars" ? offsets : parallel::norm_blocks(offsets, total));
+  return parallel::plan_shards(mode, total, world, preferred, allowed);
 }
 
 std::unique_ptr<optim::DynamicLossScaler> make_loss_scaler(const TrainConfig& t) {

@@ -25,7 +25,9 @@ struct Measured {
 // One training step of micro-batch b on `device`, in a fresh growth pool. On a GPU a first step
 // runs unmeasured: it is where cuDNN times its algorithms in transient workspaces that later steps
 // do not take.
-Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int64_t b, const Device& device) {
+// parallel.shard: the optimizer state of the largest shard of `replicas` (the replica that fits last).
+Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int64_t b, const Device& device,
+                 int replicas) {
   PoolOptions po;
   po.mode = AllocatorMode::growth;
   const bool gpu = device.kind == DeviceKind::cuda;
@@ -34,7 +36,11 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
   const DType dt = parse_dtype(cfg.train.precision);
   auto model = make_model(cfg, sample, classes);
   model->materialize(*pool, 0, dt);
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg.optim, *model, *pool);
+  const parallel::ShardPlan shard = make_shard_plan(cfg, *model, replicas);
+  optim::ShardRange range;
+  for (int r = 0; shard.sharded() && r < shard.world(); ++r)
+    if (shard.hi(r) - shard.lo(r) > range.hi - range.lo || range.hi < 0) range = {shard.lo(r), shard.hi(r)};
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg.optim, *model, *pool, range);
   Tensor comm;
   if (cfg.parallel.grad_dtype != "fp32")
     comm = Tensor::empty(*pool, model->grads().shape(), parse_dtype(cfg.parallel.grad_dtype), MemTag::comm);
@@ -75,7 +81,7 @@ MemPlan plan_memory(const RunConfig& cfg, int64_t micro) {
   const int64_t b1 = std::min<int64_t>(micro, 8), b2 = 2 * b1;
   // Measured on the replicas' device kind: a GPU's kernels (cuDNN workspaces, 16-bit filter
   // gradients) take other memory than the CPU's.
-  Measured m1 = measure(cfg, sample, classes, b1, devices[0]), m2 = measure(cfg, sample, classes, b2, devices[0]);
+  Measured m1 = measure(cfg, sample, classes, b1, devices[0], R), m2 = measure(cfg, sample, classes, b2, devices[0], R);
   auto at = [&](double v1, double v2, double b) { return v1 + (v2 - v1) / static_cast<double>(b2 - b1) * (b - b1); };
   const double input_per_sample = static_cast<double>(sample.numel() * 4 + 4);
   const int prefetch = cfg.data.prefetch;
@@ -83,6 +89,7 @@ MemPlan plan_memory(const RunConfig& cfg, int64_t micro) {
   MemPlan p;
   p.micro_batch = micro;
   p.replicas = R;
+  p.shard = cfg.parallel.shard;
   for (int t = 0; t < kNumTags; ++t) p.tag_bytes[t] = at(m1.tags[t], m2.tags[t], static_cast<double>(micro));
   // Inputs in the replica's pool: the current and prefetched batches on a CPU; on a GPU the
   // loader's batches wait in pinned host memory and the device holds the stager's two slots.
@@ -125,7 +132,11 @@ std::string MemPlan::report() const {
     std::snprintf(s, sizeof s, "%10.1f MiB", b / 1048576.0);
     return std::string(s);
   };
-  os << "per replica (" << replicas << " replica" << (replicas > 1 ? "s" : "") << "), micro-batch " << micro_batch << ":\n";
+  os << "per replica (" << replicas << " replica" << (replicas > 1 ? "s" : "") << "), micro-batch " << micro_batch;
+  if (shard != "none")
+    os << ", parallel.shard " << shard << " (optimizer state: the largest of " << replicas << " shards"
+       << (shard == "gradients" ? "; the gradient buffer stays whole: backward accumulates into it" : "") << ")";
+  os << ":\n";
   for (int t = 0; t < kNumTags; ++t) {
     if (static_cast<MemTag>(t) == MemTag::other || static_cast<MemTag>(t) == MemTag::data) continue;
     os << "  " << mem_tag_name(static_cast<MemTag>(t)) << std::string(12 - std::string(mem_tag_name(static_cast<MemTag>(t))).size(), ' ')

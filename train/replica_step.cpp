@@ -3,6 +3,7 @@
 
 #include "ops/nn/training_pass.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -21,8 +22,37 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
     ops::Backend* be = &ops::backend_for(replica.device());
     o_.buckets.cast = [be](const Tensor& a, const Tensor& b) { be->cast(a, b); };
   }
+  const int64_t total = model.grads().numel();
+  const int rank = replica.rank();
+  if (o_.shard.sharded() && (o_.shard.world() != replica.world() || o_.shard.total() != total))
+    throw Error("ReplicaStep: the shard plan covers " + std::to_string(o_.shard.total()) + " elements over " +
+                std::to_string(o_.shard.world()) + " replicas; the model has " + std::to_string(total) + " over " +
+                std::to_string(replica.world()));
+  if (o_.shard.mode == parallel::ShardMode::gradients) o_.buckets.shard = o_.shard.bounds;
   sync_ = std::make_unique<parallel::GradientSync>(offsets, model.grads(), replica.comm(), o_.buckets);
   stats_ = Tensor::empty(replica.pool(), {kStatCount}, DType::f32, MemTag::other);
+  // The norm's blocks: all of them here, unless the reduced gradients are sharded.
+  const std::vector<int64_t> blocks = parallel::norm_blocks(offsets, total);
+  const int64_t nblocks = static_cast<int64_t>(blocks.size()) - 1;
+  partials_ = Tensor::zeros(replica.pool(), {std::max<int64_t>(nblocks, 1)}, DType::f32, MemTag::other);
+  int64_t hi = total;
+  if (o_.shard.mode == parallel::ShardMode::gradients) {
+    for (int64_t b : o_.shard.bounds) {
+      auto at = std::lower_bound(blocks.begin(), blocks.end(), b);
+      if (at == blocks.end() || *at != b)
+        throw Error("ReplicaStep: the shard edge " + std::to_string(b) + " is not an edge of the norm's blocks");
+      block_bounds_.push_back(static_cast<size_t>(at - blocks.begin()));
+    }
+    hi = o_.shard.hi(rank);
+    first_block_ = static_cast<int64_t>(block_bounds_[rank]);
+  }
+  for (int64_t k = first_block_; k < nblocks && blocks[k] < hi; ++k) norm_segments_.push_back({blocks[k], blocks[k + 1] - blocks[k]});
+}
+
+Tensor ReplicaStep::reduced_grads() const {
+  if (o_.shard.mode != parallel::ShardMode::gradients) return model_.grads();
+  const int64_t lo = o_.shard.lo(rep_.rank()), hi = o_.shard.hi(rep_.rank());
+  return hi > lo ? model_.grads().view(lo, {hi - lo}) : Tensor();
 }
 
 void ReplicaStep::zero_grad() {
@@ -115,10 +145,19 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
                         "(optim.clip_grad_norm), or check the data.");
   }
   st.grad_norm = std::sqrt(static_cast<double>(host[kGradSquares]));
-  if (o_.clip_grad_norm > 0) optim::clip_grad_norm(model_.grads(), o_.clip_grad_norm, st.grad_norm);
+  if (o_.clip_grad_norm > 0) {
+    // Sharded, the optimizer reads its own range only, so only that range is clipped.
+    Tensor g = model_.grads();
+    if (o_.shard.sharded()) {
+      const int64_t lo = o_.shard.lo(rep_.rank()), hi = o_.shard.hi(rep_.rank());
+      g = hi > lo ? g.view(lo, {hi - lo}) : Tensor();
+    }
+    if (g.defined()) optim::clip_grad_norm(g, o_.clip_grad_norm, st.grad_norm);
+  }
   {
     Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
     opt_.step(model_.params(), model_.grads(), lr);  // queued on the compute stream, no host wait
+    gather_parameters();
     model_.refresh_compute_copy();
   }
   check_leaks();
@@ -150,17 +189,38 @@ void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* hos
   auto& be = ops::backend_for(rep_.device());
   be.fill(stats_.view(kCount, {1}), static_cast<float>(count_));
   be.fill(stats_.view(kStop, {1}), stop_requested ? 1.f : 0.f);
-  parallel::WorkHandle metrics;
+  // The finite check first: sharded, each replica sees only its part, and the flag is summed with
+  // the metrics.
+  const Tensor mine = reduced_grads();
+  if (mine.defined()) be.unscale_check_finite_into(mine, 1.0f / scale, stats_.view(kNonFinite, {1}));
+  parallel::WorkHandle metrics, partials;
   if (rep_.world() > 1) {
     metrics = rep_.comm().all_reduce_async(stats_.raw(), kReducedStats, DType::f32, parallel::ReduceOp::sum);
     metrics->order_before(rep_.stream());
   }
-  be.unscale_check_finite_into(model_.grads(), 1.0f / scale, stats_.view(kNonFinite, {1}));
-  be.sum_squares_into(model_.grads(), stats_.view(kGradSquares, {1}));
+  // The squared norm over the fixed blocks, added in block order: the same bits for any replica
+  // count and with or without sharding (a sharded replica computes its blocks and gathers the rest).
+  const int64_t nmine = static_cast<int64_t>(norm_segments_.size());
+  if (nmine > 0) be.segment_sum_squares_into(model_.grads(), norm_segments_, partials_.view(first_block_, {nmine}));
+  if (!block_bounds_.empty() && rep_.world() > 1) {
+    partials = rep_.comm().all_gather_v_async(partials_.raw(), static_cast<size_t>(partials_.numel()), DType::f32,
+                                              block_bounds_);
+    partials->order_before(rep_.stream());
+  }
+  be.sum_in_order_into(partials_, stats_.view(kGradSquares, {1}));
   be.read_to_host(stats_, host, [&] {
     if (metrics) metrics->check();
+    if (partials) partials->check();
     sync_->check();
   });
+}
+
+// Sharded: each replica updated its own range; every replica gets all of them (in place).
+void ReplicaStep::gather_parameters() {
+  if (!o_.shard.sharded() || rep_.world() == 1) return;
+  Tensor& p = model_.params();
+  std::vector<size_t> bounds(o_.shard.bounds.begin(), o_.shard.bounds.end());
+  rep_.comm().all_gather_v_async(p.raw(), static_cast<size_t>(p.numel()), DType::f32, bounds)->order_before(rep_.stream());
 }
 
 void ReplicaStep::trace_pool_peaks() {

@@ -31,6 +31,7 @@
 #include "optim/optimizer.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/replica_group.h"
+#include "parallel/shard_plan.h"
 
 namespace replica::train {
 
@@ -61,6 +62,11 @@ struct StepOptions {
   optim::DynamicLossScaler* scaler = nullptr;  // loss scaling (fp16); nullptr: none
   double clip_grad_norm = 0;                 // 0: no clipping
   parallel::BucketOptions buckets;
+  // parallel.shard (ZeRO-1/2): the optimizer updates this replica's shard only (its state covers
+  // that shard: see optim::ShardRange) and the updated parameters are all-gathered; in
+  // `gradients` mode the buckets are reduce-scattered as well, and the finite check, the norm and
+  // clipping read the shard. Unsharded (mode none) by default.
+  parallel::ShardPlan shard;
   Timeline* timeline = nullptr;  // `--trace`: slices for forward, backward, all-reduces, optimizer
 };
 
@@ -96,6 +102,7 @@ class ReplicaStep {
   parallel::Replica& replica() { return rep_; }
   const parallel::GradientSync& sync() const { return *sync_; }
   const PhaseSeconds& phases() const { return phases_; }
+  const parallel::ShardPlan& shard_plan() const { return o_.shard; }
 
  private:
   parallel::Replica& rep_;
@@ -104,17 +111,28 @@ class ReplicaStep {
   StepOptions o_;
   std::unique_ptr<parallel::GradientSync> sync_;
   void check_leaks();
-  // apply()'s steps: wait for (or order after) the gradient buckets; the one host read.
+  // apply()'s steps: wait for (or order after) the gradient buckets; the one host read; the
+  // sharded update's all-gather of the parameters.
   void finish_gradients();
   void read_step_scalars(bool stop_requested, float scale, float* host);
+  void gather_parameters();
+  // The reduced gradients this replica reads: its shard in `gradients` mode, all of them otherwise.
+  Tensor reduced_grads() const;
+  // The gradient norm's fixed blocks (parallel::norm_blocks): this replica's to compute, their
+  // first index, and the block bounds of every shard (gradients mode: the partials are gathered).
+  std::vector<std::pair<int64_t, int64_t>> norm_segments_;
+  int64_t first_block_ = 0;
+  std::vector<size_t> block_bounds_;
+  Tensor partials_;
   void trace_pool_peaks();
   // The step's scalars (f32, on the replica's device): filled by the micro-steps and apply(), read
   // by the host once per optimizer step. [0, kReducedStats) is summed across replicas.
   enum : int64_t {
     kLoss = 0, kCorrect = 1, kBadLabel = 2,  // softmax_xent_accumulate's three, in its order
     kCount = 3, kStop = 4,
-    kReducedStats = 5,
-    kNonFinite = 5, kGradSquares = 6,  // of the reduced gradients: the same on every replica
+    kNonFinite = 5,  // summed too: sharded, each replica checks its own part of the gradients
+    kReducedStats = 6,
+    kGradSquares = 6,  // of the reduced gradients, from the fixed blocks: the same on every replica
     kStatCount = 8
   };
   Tensor stats_;

@@ -210,7 +210,11 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   // Same seed everywhere already; the broadcast makes "rank 0's weights" a guarantee.
   parallel::broadcast_from_root(rep.comm(), st.model->params());
   parallel::broadcast_from_root(rep.comm(), st.model->buffers());
-  st.opt = make_optimizer(cfg_.optim, *st.model, rep.pool());
+  // parallel.shard: this replica keeps the optimizer state of its shard only (ZeRO-1/2).
+  const parallel::ShardPlan shard = make_shard_plan(cfg_, *st.model, rep.world());
+  optim::ShardRange range;
+  if (shard.sharded()) range = {shard.lo(rep.rank()), shard.hi(rep.rank())};
+  st.opt = make_optimizer(cfg_.optim, *st.model, rep.pool(), range);
   st.scaler = make_loss_scaler(cfg_.train);
   StepOptions so;
   so.accumulation = accumulation_;
@@ -222,6 +226,7 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   so.clip_grad_norm = cfg_.optim.clip_grad_norm;
   so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
   so.timeline = timeline_.get();
+  so.shard = shard;
   st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
   st.staging = make_staging_pool(rep.device());
   // A GPU replica's host cores are free: its loader uses a share of them.
@@ -266,6 +271,9 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
   // Every replica's batch-norm statistics, gathered to all (they live in other processes under MPI).
   Tensor& mine = states_[rep.local_index()].model->buffers();
   const std::vector<float> all_buffers = rep.all_gather(mine.data<float>(), static_cast<size_t>(mine.numel()));
+  // The optimizer state whole, as an unsharded run writes it (gathered from the shards), so any
+  // replica count, sharded or not, resumes from it.
+  const std::string opt_state = gather_optimizer_state(rep);
   std::string path;
   if (rep.rank() == 0) {
     auto& st = states_[0];
@@ -288,9 +296,7 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
     for (int r = 0; r < replicas(); ++r)
       c.sections["buffers." + std::to_string(r)] =
           std::string(reinterpret_cast<const char*>(all_buffers.data() + r * nb), nb * sizeof(float));
-    std::string opt;
-    for (Tensor* t : st.opt->state()) opt += tensor_to_bytes(*t);
-    c.sections["optimizer"] = opt;
+    c.sections["optimizer"] = opt_state;
     if (st.scaler) {
       auto ss = st.scaler->state();
       c.sections["scaler"] = std::string(reinterpret_cast<const char*>(&ss), sizeof ss);
@@ -301,6 +307,29 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
   }
   rep.comm().barrier();
   return path;
+}
+
+std::string Trainer::gather_optimizer_state(parallel::Replica& rep) {
+  optim::Optimizer& opt = *states_[rep.local_index()].opt;
+  const parallel::ShardPlan& plan = states_[rep.local_index()].step->shard_plan();
+  const int64_t lo = opt.range_lo(), hi = opt.range_hi(), total = opt.total();
+  std::string out;
+  if (!plan.sharded() || plan.world() == 1) {  // every replica holds it all
+    if (rep.rank() == 0)
+      for (Tensor* t : opt.state()) out += tensor_to_bytes(*t);
+    return out;
+  }
+  const std::vector<size_t> bounds(plan.bounds.begin(), plan.bounds.end());
+  for (Tensor* t : opt.state()) {
+    std::vector<float> full(static_cast<size_t>(total), 0.f);
+    if (hi > lo) {
+      const std::string m = tensor_to_bytes(t->view(0, {hi - lo}));
+      std::memcpy(full.data() + lo, m.data(), m.size());
+    }
+    parallel::all_gather_v_host(rep.comm(), &rep.pool(), full.data(), full.size(), bounds);
+    if (rep.rank() == 0) out.append(reinterpret_cast<const char*>(full.data()), full.size() * sizeof(float));
+  }
+  return out;
 }
 
 namespace {
@@ -347,8 +376,7 @@ ResumePoint check_resume_point(const Checkpoint& ck, const std::string& file, nn
       throw IoError(in("section '" + name + "' holds " + std::to_string(it->second.size()) + " bytes, the model needs " +
                        std::to_string(bbytes)));
   }
-  size_t need = 0;
-  for (Tensor* t : opt.state()) need += t->nbytes();
+  const size_t need = opt.state().size() * static_cast<size_t>(opt.total()) * sizeof(float);  // whole, as written
   auto o = ck.sections.find("optimizer");
   const size_t have = o == ck.sections.end() ? 0 : o->second.size();
   if (ck.meta_value("optimizer") != opt.name() || have != need)
@@ -421,11 +449,13 @@ void Trainer::load_resume_point() {
       tensor_from_bytes(b, f.data(), f.size() * sizeof(float));
     }
     st.model->refresh_compute_copy();
+    // The whole state is in the checkpoint; a sharded replica takes its own range of it.
     const std::string& opt = ck.sections.at("optimizer");
+    const int64_t lo = st.opt->range_lo(), hi = st.opt->range_hi();
     size_t off = 0;
     for (Tensor* t : st.opt->state()) {
-      tensor_from_bytes(*t, opt.data() + off, t->nbytes());
-      off += t->nbytes();
+      if (hi > lo) tensor_from_bytes(t->view(0, {hi - lo}), opt.data() + off + lo * sizeof(float), (hi - lo) * sizeof(float));
+      off += static_cast<size_t>(st.opt->total()) * sizeof(float);
     }
     st.opt->set_steps(at.optimizer_steps);
     if (st.scaler && ck.sections.count("scaler")) {
@@ -734,6 +764,21 @@ void Trainer::print_start() const {
     precision += sc ? ", loss scale " + std::to_string(static_cast<int64_t>(sc->scale())) +
                           (sc->options().dynamic ? " (dynamic)" : " (static)")
                     : std::string(", no loss scaling");
+  }
+  const auto& shard = states_[0].step->shard_plan();
+  if (shard.sharded()) {
+    int64_t least = shard.total(), most = 0;
+    for (int r = 0; r < shard.world(); ++r) {
+      least = std::min(least, shard.hi(r) - shard.lo(r));
+      most = std::max(most, shard.hi(r) - shard.lo(r));
+    }
+    std::printf("replica: parallel.shard %s (%s): %d shards of %ld-%ld of %ld parameters (largest %.3f x an even "
+                "share); optimizer state %s per replica\n",
+                parallel::shard_mode_name(shard.mode),
+                shard.mode == parallel::ShardMode::gradients ? "ZeRO-2: gradients reduce-scattered, optimizer state sharded"
+                                                             : "ZeRO-1: optimizer state sharded",
+                R, (long)least, (long)most, (long)shard.total(), shard.imbalance(),
+                format_bytes(static_cast<size_t>(states_[0].opt->state().size() * most * sizeof(float))).c_str());
   }
   std::printf("replica: global batch %ld = micro-batch %ld x %d accumulation step%s x %d replica%s; %ld steps "
               "(%ld per epoch); %s lr %.4g %s; %s\n",

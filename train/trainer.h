@@ -117,6 +117,9 @@ class Trainer {
                        int64_t epoch, int64_t step_in_epoch);
   std::string write_checkpoint_file(parallel::Replica& rep, const CheckpointPolicy& policy, int64_t global_step,
                                     int64_t epoch, int64_t step_in_epoch);
+  // The optimizer's state tensors whole, concatenated (rank 0 gets the bytes; every replica must
+  // call it): sharded state is gathered, so the checkpoint is the same as an unsharded run's.
+  std::string gather_optimizer_state(parallel::Replica& rep);
   // Loads the newest valid checkpoint (falling back with a warning past damaged ones).
   void load_resume_point();
   std::string checkpoint_dir() const;

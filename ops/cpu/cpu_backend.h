@@ -58,6 +58,9 @@ class CpuBackend : public Backend {
                                           const std::vector<std::pair<int64_t, int64_t>>& segments) override;
   bool unscale_check_finite(const Tensor& grads, float inv_scale) override;
   void sum_squares_into(const Tensor& x, const Tensor& out) override;
+  void segment_sum_squares_into(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& segments,
+                                const Tensor& out) override;
+  void sum_in_order_into(const Tensor& x, const Tensor& out) override;
   void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) override;
   void read_to_host(const Tensor& src, void* dst, const std::function<void()>& poll) override;
   void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) override;

@@ -29,6 +29,32 @@ std::vector<double> CpuBackend::segment_sum_squares(const Tensor& x,
   return out;
 }
 
+void CpuBackend::segment_sum_squares_into(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& segments,
+                                          const Tensor& out) {
+  require_f32({&x, &out}, "segment_sum_squares_into");
+  if (out.numel() < static_cast<int64_t>(segments.size()))
+    throw ShapeError("segment_sum_squares_into: " + out.str() + " holds fewer than " +
+                     std::to_string(segments.size()) + " sums");
+  const float* p = x.data<float>();
+  float* o = out.data<float>();
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const auto [off, n] = segments[k];
+    if (off < 0 || off + n > x.numel())
+      throw ShapeError("segment_sum_squares_into: segment past the end of " + x.str());
+    double s = 0;
+    for (int64_t i = off; i < off + n; ++i) s += static_cast<double>(p[i]) * p[i];
+    o[k] = static_cast<float>(s);
+  }
+}
+
+void CpuBackend::sum_in_order_into(const Tensor& x, const Tensor& out) {
+  require_f32({&x, &out}, "sum_in_order_into");
+  const float* p = x.data<float>();
+  double s = 0;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) s += p[i];
+  out.data<float>()[0] = static_cast<float>(s);
+}
+
 void CpuBackend::rsqrt_eps(const Tensor& x, const Tensor& y, float eps) {
   require_f32({&x, &y}, "rsqrt_eps");
   for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = 1.0f / std::sqrt(x.data<float>()[i] + eps);

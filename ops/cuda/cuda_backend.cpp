@@ -643,6 +643,35 @@ class CudaBackend final : public Backend {
     cuk::doubles_to_floats(acc, out.data<float>(), 1, stream());
   }
 
+  void segment_sum_squares_into(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& segments,
+                                const Tensor& out) override {
+    require_f32(x, "segment_sum_squares_into");
+    require_f32(out, "segment_sum_squares_into (output)");
+    const int n = static_cast<int>(segments.size());
+    if (out.numel() < n) throw ShapeError("segment_sum_squares_into: " + out.str() + " holds too few sums");
+    if (n == 0) return;
+    std::vector<int64_t> oc(2 * segments.size());
+    for (int i = 0; i < n; ++i) {
+      if (segments[i].first < 0 || segments[i].first + segments[i].second > x.numel())
+        throw ShapeError("segment_sum_squares_into: segment past the end of " + x.str());
+      oc[i] = segments[i].first;
+      oc[n + i] = segments[i].second;
+    }
+    auto& ts = state();
+    cudaStream_t s = stream();
+    int64_t* d = static_cast<int64_t*>(ts.get_scratch(oc.size() * sizeof(int64_t) + n * sizeof(double)));
+    double* res = reinterpret_cast<double*>(d + oc.size());
+    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    cuk::segment_sum_squares(x.data<float>(), d, d + n, n, res, s);
+    cuk::doubles_to_floats(res, out.data<float>(), n, s);
+  }
+
+  void sum_in_order_into(const Tensor& x, const Tensor& out) override {
+    require_f32(x, "sum_in_order_into");
+    require_f32(out, "sum_in_order_into (output)");
+    cuk::sum_in_order(x.data<float>(), x.numel(), out.data<float>(), stream());
+  }
+
   void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) override {
     require_f32(grads, "unscale_check_finite");
     require_f32(nonfinite, "unscale_check_finite (flag)");

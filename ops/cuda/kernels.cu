@@ -146,6 +146,13 @@ __global__ void k_segment_sum_squares(const float* x, const int64_t* off, const 
   if (threadIdx.x == 0) out[seg] = acc;
 }
 
+// One thread, index order: a handful of thousand block sums, the same bits every run.
+__global__ void k_sum_in_order(const float* x, int64_t n, float* out) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += x[i];
+  *out = static_cast<float>(acc);
+}
+
 // One block per segment: both squared norms in double, then the trust ratio (CPU: optim_kernels.cpp).
 __global__ void k_lars_ratios(const float* w, const float* g, const int64_t* off, const int64_t* cnt, float trust,
                               float wd, float eps, float* out) {
@@ -614,6 +621,11 @@ void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* 
   if (segments <= 0) return;
   k_segment_sum_squares<<<segments, kThreads, 0, s>>>(x, offsets, counts, out);
   check_launch("k_segment_sum_squares");
+}
+
+void sum_in_order(const float* x, int64_t n, float* out, cudaStream_t s) {
+  k_sum_in_order<<<1, 1, 0, s>>>(x, n, out);
+  check_launch("k_sum_in_order");
 }
 
 void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s) {

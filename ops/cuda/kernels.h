@@ -38,6 +38,8 @@ void sum_squares(const float* x, int64_t n, double* out, cudaStream_t s);
 // out[i] = sum of squares of x[offsets[i], offsets[i] + counts[i]); offsets/counts in device memory.
 void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* counts, int segments,
                          double* out, cudaStream_t s);
+// *out = the sum of x in index order (double, rounded to f32): one thread, deterministic.
+void sum_in_order(const float* x, int64_t n, float* out, cudaStream_t s);
 // g *= inv_scale; *nonfinite set to 1 if any element was inf or NaN (caller zeroes it).
 void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s);
 void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaStream_t s);  // sets 1.f

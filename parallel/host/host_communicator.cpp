@@ -30,9 +30,10 @@ const char* reduce_op_name(ReduceOp op) {
 
 namespace {
 
-enum class Kind { all_reduce, broadcast, all_gather, reduce_scatter, barrier };
+enum class Kind { all_reduce, broadcast, all_gather, reduce_scatter, barrier, reduce_scatter_v, all_gather_v };
 const char* kind_name(Kind k) {
-  static const char* n[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+  static const char* n[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
+                            "reduce_scatter_v", "all_gather_v"};
   return n[static_cast<int>(k)];
 }
 
@@ -44,6 +45,7 @@ struct Slot {
   DType dtype = DType::f32;
   ReduceOp op = ReduceOp::sum;
   int root = 0;
+  std::vector<size_t> bounds;  // the _v forms: rank r owns [bounds[r], bounds[r + 1])
 };
 
 }  // namespace
@@ -154,6 +156,23 @@ class HostCommunicator : public Communicator {
     return submit({Kind::reduce_scatter, send, recv, count, dtype, op, 0});
   }
   WorkHandle barrier_async() override { return submit({Kind::barrier}); }
+  WorkHandle reduce_scatter_v_async(void* data, size_t count, DType dtype, ReduceOp op,
+                                    const std::vector<size_t>& bounds) override {
+    check_bounds("reduce_scatter_v", count, bounds);
+    return submit({Kind::reduce_scatter_v, data, data, count, dtype, op, 0, bounds});
+  }
+  WorkHandle all_gather_v_async(void* data, size_t count, DType dtype, const std::vector<size_t>& bounds) override {
+    check_bounds("all_gather_v", count, bounds);
+    return submit({Kind::all_gather_v, data, data, count, dtype, ReduceOp::sum, 0, bounds});
+  }
+  void reduce_scatter_v(void* data, size_t count, DType dtype, ReduceOp op, const std::vector<size_t>& bounds) override {
+    check_bounds("reduce_scatter_v", count, bounds);
+    run_here({Kind::reduce_scatter_v, data, data, count, dtype, op, 0, bounds});
+  }
+  void all_gather_v(void* data, size_t count, DType dtype, const std::vector<size_t>& bounds) override {
+    check_bounds("all_gather_v", count, bounds);
+    run_here({Kind::all_gather_v, data, data, count, dtype, ReduceOp::sum, 0, bounds});
+  }
   void abort(const std::string& why) override { state_->abort(why); }
 
   void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) override {
@@ -182,11 +201,12 @@ class HostCommunicator : public Communicator {
   void check_match(const Slot& mine) {
     const Slot& r0 = state_->slot(0);
     if (r0.kind != mine.kind || r0.count != mine.count || r0.dtype != mine.dtype ||
-        r0.op != mine.op || r0.root != mine.root) {
+        r0.op != mine.op || r0.root != mine.root || r0.bounds != mine.bounds) {
       std::string msg = "host communicator: rank " + std::to_string(rank_) + " issued " +
                         kind_name(mine.kind) + "(" + std::to_string(mine.count) + " x " +
                         dtype_name(mine.dtype) + ") while rank 0 issued " + kind_name(r0.kind) + "(" +
                         std::to_string(r0.count) + " x " + dtype_name(r0.dtype) +
+                        (r0.bounds != mine.bounds ? ", with other bounds" : "") +
                         "): collectives must be issued in the same order on every rank";
       state_->abort(msg);
       throw CommError(msg);
@@ -237,7 +257,9 @@ class HostCommunicator : public Communicator {
     }
   }
 
-  // An all-reduce's work: every unit of the message reduced by whichever rank claims it.
+  // An all-reduce's work: every unit of the message reduced by whichever rank claims it. A
+  // reduce_scatter_v writes each element into its owner's output only (s.bounds), with the same
+  // fold, so its bits are the all-reduce's.
   void reduce_claimed_units(const Slot& s, const std::vector<const void*>& srcs) {
     const int R = size();
     const size_t esz = dtype_size(s.dtype);
@@ -269,8 +291,25 @@ class HostCommunicator : public Communicator {
       ins.push_back(static_cast<const float*>(srcs[r]));
       outs32.push_back(static_cast<float*>(outs[r]));
     }
+    const bool owners_only = s.kind == Kind::reduce_scatter_v;
     for (size_t u = state_->claim(); u < units; u = state_->claim()) {
       const size_t lo = u * kUnit, hi = std::min(s.count, lo + kUnit);
+      if (owners_only) {
+        for (int r = 0; r < R; ++r) {  // the unit's pieces, each into its owner's buffer alone
+          const size_t a = std::max(lo, s.bounds[r]), e = std::min(hi, s.bounds[r + 1]);
+          if (a >= e) continue;
+          if (one_pass) {
+            sum_to_all(ins.data(), &outs32[r], R, a, e - a, s.op == ReduceOp::avg, 1);
+            continue;
+          }
+          for (size_t b = a; b < e; b += kBlock) {
+            const size_t f = std::min(e, b + kBlock);
+            reduce_range(s.op, s.dtype, b, f, srcs, acc);
+            convert(acc, DType::f32, static_cast<char*>(outs[r]) + b * esz, s.dtype, f - b);
+          }
+        }
+        continue;
+      }
       if (one_pass) {
         sum_to_all(ins.data(), outs32.data(), R, lo, hi - lo, s.op == ReduceOp::avg);
         continue;
@@ -299,9 +338,10 @@ class HostCommunicator : public Communicator {
         // still compares against it.
         state_->barrier(rank_, what);
         return;
-      case Kind::all_reduce: {
+      case Kind::all_reduce:
+      case Kind::reduce_scatter_v: {
         if ((s.dtype == DType::i32 || s.dtype == DType::u8))
-          throw CommError("all_reduce: " + std::string(dtype_name(s.dtype)) + " is not reducible; use f32, f16 or bf16");
+          throw CommError(std::string(what) + ": " + dtype_name(s.dtype) + " is not reducible; use f32, f16 or bf16");
         // One rank in place (a process's only replica under MPI): the input is the result, and
         // the block loop below would cost a full read and write of the message.
         if (R == 1 && s.send == s.recv) return;
@@ -312,6 +352,15 @@ class HostCommunicator : public Communicator {
       case Kind::broadcast:
         if (rank_ != s.root) std::memcpy(s.recv, srcs[s.root], s.count * esz);
         state_->barrier(rank_, what);  // the root may not change its buffer before all copied
+        return;
+      case Kind::all_gather_v:
+        // Each rank copies the others' ranges into its own buffer; an owner's range is only read
+        // until the closing barrier, and it writes the other ranges of its buffer meanwhile.
+        for (int r = 0; r < R; ++r)
+          if (r != rank_)
+            std::memcpy(static_cast<char*>(s.recv) + s.bounds[r] * esz,
+                        static_cast<const char*>(srcs[r]) + s.bounds[r] * esz, (s.bounds[r + 1] - s.bounds[r]) * esz);
+        state_->barrier(rank_, what);
         return;
       case Kind::all_gather:
         for (int r = 0; r < R; ++r)

@@ -218,6 +218,22 @@ class MpiCommunicator : public Communicator {
   WorkHandle barrier_async() override {
     return queue_.submit([this] { barrier(); });
   }
+  // The uneven forms are the defaults (communicator.h): a whole all-reduce or a padded all-gather,
+  // so a sharded run reduces with exactly the bits of the hierarchical all-reduce above.
+  WorkHandle reduce_scatter_v_async(void* d, size_t n, DType t, ReduceOp op, const std::vector<size_t>& b) override {
+    check_bounds("reduce_scatter_v", n, b);
+    return queue_.submit([=, this] { reduce_scatter_v_by_all_reduce(d, n, t, op, b); });
+  }
+  WorkHandle all_gather_v_async(void* d, size_t n, DType t, const std::vector<size_t>& b) override {
+    check_bounds("all_gather_v", n, b);
+    return queue_.submit([=, this] { all_gather_v_by_all_gather(d, n, t, b); });
+  }
+  void reduce_scatter_v(void* d, size_t n, DType t, ReduceOp op, const std::vector<size_t>& b) override {
+    reduce_scatter_v_by_all_reduce(d, n, t, op, b);
+  }
+  void all_gather_v(void* d, size_t n, DType t, const std::vector<size_t>& b) override {
+    all_gather_v_by_all_gather(d, n, t, b);
+  }
 
   // Blocking forms run here, after the async ones issued before them (the same order on every
   // rank, as the Communicator contract asks).

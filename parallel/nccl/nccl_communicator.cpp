@@ -220,6 +220,35 @@ class NcclCommunicator : public Communicator {
     REPLICA_NCCL_CHECK(ncclReduceScatter(s, r, n, nccl_type(t), nccl_op(op), comm_, stream_));
     return end("reduce_scatter");
   }
+  // Uneven ranges: one grouped launch of a reduce (or broadcast) per owner, in place. NCCL's
+  // reduce may add in another order than its all-reduce ring, so on GPUs a sharded run agrees
+  // with an unsharded one to within f32 rounding, not bit for bit (the host and MPI paths are exact).
+  WorkHandle reduce_scatter_v_async(void* d, size_t n, DType t, ReduceOp op, const std::vector<size_t>& b) override {
+    check_bounds("reduce_scatter_v", n, b);
+    begin("reduce_scatter_v");
+    const size_t es = dtype_size(t);
+    REPLICA_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < world_; ++r) {
+      if (b[r + 1] == b[r]) continue;
+      char* p = static_cast<char*>(d) + b[r] * es;
+      REPLICA_NCCL_CHECK(ncclReduce(p, p, b[r + 1] - b[r], nccl_type(t), nccl_op(op), r, comm_, stream_));
+    }
+    REPLICA_NCCL_CHECK(ncclGroupEnd());
+    return end("reduce_scatter_v");
+  }
+  WorkHandle all_gather_v_async(void* d, size_t n, DType t, const std::vector<size_t>& b) override {
+    check_bounds("all_gather_v", n, b);
+    begin("all_gather_v");
+    const size_t es = dtype_size(t);
+    REPLICA_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < world_; ++r) {
+      if (b[r + 1] == b[r]) continue;
+      char* p = static_cast<char*>(d) + b[r] * es;
+      REPLICA_NCCL_CHECK(ncclBroadcast(p, p, b[r + 1] - b[r], nccl_type(t), r, comm_, stream_));
+    }
+    REPLICA_NCCL_CHECK(ncclGroupEnd());
+    return end("all_gather_v");
+  }
   WorkHandle barrier_async() override {
     begin("barrier");
     REPLICA_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
