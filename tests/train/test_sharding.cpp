@@ -1,0 +1,173 @@
+// parallel.shard (ZeRO-1 `optimizer`, ZeRO-2 `gradients`) against the unsharded run, bit for bit:
+// 1 to 4 replicas (3: shards of unequal size), SGD / AdamW / LARS, fp32 / fp16 / bf16 gradient
+// wires (with fp16 / bf16 mixed precision, so the loss scaler skips steps too), two accumulation
+// steps and gradient clipping, 20 steps: every step's loss, verdict, scale and norm, the model
+// file, and every checkpoint section (parameters, each replica's batch-norm statistics, the
+// optimizer state gathered whole, the scaler). Then resume across sharding and replica counts.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/errors.h"
+#include "support/compare.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+using namespace replica;
+using namespace replica::train;
+
+namespace {
+
+std::string dir_for(const std::string& name) {
+  std::string d = ::testing::TempDir() + "/shard_" + name;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+struct Outcome {
+  FitResult fit;
+  std::string model_bin;
+  std::map<std::string, std::string> checkpoint;  // every section but the config (it names run_dir)
+  std::vector<float> params;
+};
+
+std::vector<std::string> sets_for(const std::string& d, int replicas, int64_t steps, const std::string& shard,
+                                  std::vector<std::string> extra = {}) {
+  std::vector<std::string> s = {"model.width=4", "data.dataset=synthetic", "data.synthetic_shape=[8,8,1]",
+                                "data.synthetic_size=960", "data.mean=[0.5]", "data.std=[0.25]",
+                                "train.global_batch=48", "train.micro_batch=" + std::to_string(24 / replicas),
+                                "train.epochs=4", "train.max_steps=" + std::to_string(steps), "train.eval=false",
+                                "train.tensorboard=false", "train.run_dir=" + d,
+                                "parallel.devices=cpu:" + std::to_string(replicas), "checkpoint.every_epochs=0",
+                                "parallel.shard=" + shard,
+                                // small buckets: several per step, so most are cut between shards
+                                "parallel.bucket_mb=0.02", "parallel.first_bucket_mb=0.005"};
+  s.insert(s.end(), extra.begin(), extra.end());
+  return s;
+}
+
+Outcome run(const std::vector<std::string>& sets, const std::string& resume = "") {
+  TrainerOptions o{.print = false, .on_step = nullptr, .resume = resume};
+  Trainer t(parse_config("", "test", sets), o);
+  Outcome r;
+  r.fit = t.fit();
+  r.model_bin = file_bytes(t.config().train.run_dir + "/model.bin");
+  r.checkpoint = read_checkpoint(r.fit.last_checkpoint).sections;
+  r.checkpoint.erase("config");
+  const Tensor& p = t.model(0).params();
+  r.params.assign(p.data<float>(), p.data<float>() + p.numel());
+  return r;
+}
+
+uint32_t bits(double v) {
+  const float f = static_cast<float>(v);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Everything two runs leave, compared bit for bit; `what` names the case in failures.
+void expect_identical(const Outcome& a, const Outcome& b, const std::string& what) {
+  ASSERT_EQ(a.fit.history.size(), b.fit.history.size()) << what;
+  for (size_t i = 0; i < a.fit.history.size(); ++i) {
+    const StepStatus &x = a.fit.history[i], &y = b.fit.history[i];
+    EXPECT_EQ(x.loss, y.loss) << what << " step " << i + 1;
+    EXPECT_EQ(x.applied, y.applied) << what << " step " << i + 1;
+    EXPECT_EQ(x.scale, y.scale) << what << " step " << i + 1;
+    if (x.applied) {
+      EXPECT_EQ(bits(x.grad_norm), bits(y.grad_norm)) << what << " step " << i + 1 << ": grad norm";
+    }
+  }
+  EXPECT_TRUE(a.model_bin == b.model_bin) << what << ": model.bin differs";
+  ASSERT_EQ(a.checkpoint.size(), b.checkpoint.size()) << what;
+  for (auto& [name, bytes] : a.checkpoint) {
+    ASSERT_TRUE(b.checkpoint.count(name)) << what << ": no section " << name;
+    EXPECT_TRUE(b.checkpoint.at(name) == bytes) << what << ": checkpoint section '" << name << "' differs";
+  }
+}
+
+}  // namespace
+
+TEST(Sharding, EveryModeIsBitIdenticalToUnshardedForEveryOptimizerWireAndReplicaCount) {
+  struct Wire {
+    std::string grad_dtype, precision;
+  };
+  for (const Wire& w : {Wire{"fp32", "fp32"}, Wire{"fp16", "fp16"}, Wire{"bf16", "bf16"}})
+    for (std::string opt : {"sgd", "adamw", "lars"})
+      for (int R : {1, 2, 3, 4}) {
+        std::vector<std::string> extra = {"optim.name=" + opt, "parallel.grad_dtype=" + w.grad_dtype,
+                                          "train.precision=" + w.precision, "optim.clip_grad_norm=0.5"};
+        if (opt == "adamw") extra.push_back("optim.lr=0.01");
+        if (w.precision == "fp16") extra.push_back("train.loss_scale_growth_interval=3");
+        const std::string name = opt + "_" + w.grad_dtype + "_" + std::to_string(R);
+        const Outcome base = run(sets_for(dir_for(name + "_none"), R, 20, "none", extra));
+        ASSERT_EQ(base.fit.history.size(), 20u);
+        // Clipping really happened (the norm is above 0.5 on some applied step), and fp16 skipped.
+        bool clipped = false;
+        for (const auto& s : base.fit.history) clipped |= s.applied && s.grad_norm > 0.5;
+        EXPECT_TRUE(clipped) << name << ": clipping never triggered, the case tests less than it says";
+        if (w.precision == "fp16") {
+          EXPECT_GT(base.fit.skipped, 0) << name << ": the scaler never skipped";
+        }
+        for (std::string mode : {"optimizer", "gradients"}) {
+          const Outcome sharded = run(sets_for(dir_for(name + "_" + mode), R, 20, mode, extra));
+          expect_identical(base, sharded, name + " " + mode);
+        }
+      }
+}
+
+TEST(Sharding, ResumeAcrossShardingIsBitIdenticalAndAcrossReplicaCountsContinues) {
+  // Sharded for 8 steps, then unsharded (and the other way) to 16: the straight run's bits.
+  const std::vector<std::string> adamw = {"optim.name=adamw", "optim.lr=0.01"};
+  const Outcome straight = run(sets_for(dir_for("resume_straight"), 2, 16, "none", adamw));
+  for (auto [first, second] : {std::pair{"gradients", "none"}, std::pair{"none", "optimizer"},
+                               std::pair{"optimizer", "gradients"}}) {
+    const std::string d = dir_for(std::string("resume_") + first + "_" + second);
+    run(sets_for(d, 2, 8, first, adamw));
+    const Outcome resumed = run(sets_for(d, 2, 16, second, adamw), d);
+    ASSERT_EQ(resumed.fit.history.size(), 8u) << first << " -> " << second << ": resumed at step 8";
+    EXPECT_TRUE(resumed.model_bin == straight.model_bin) << first << " -> " << second << ": model.bin differs";
+    EXPECT_TRUE(resumed.checkpoint.at("optimizer") == straight.checkpoint.at("optimizer"))
+        << first << " -> " << second << ": the optimizer state differs";
+  }
+  // 2 sharded replicas, then 3 (shards of other sizes): the optimizer state is re-cut, and with
+  // synchronised batch norm over the whole batch (no accumulation) the run follows the straight one
+  // up to float summation order. (At lr 0.1 on random labels two straight runs on 2 and 3
+  // replicas drift from 1e-7 to 1e-1 apart in 16 steps, measured: a small lr keeps that apart
+  // from a resume that lost state.)
+  const std::vector<std::string> sync = {"optim.name=sgd", "optim.lr=0.01", "parallel.sync_bn=true",
+                                         "train.micro_batch=0"};
+  const Outcome two = run(sets_for(dir_for("resume_23_straight"), 2, 16, "gradients", sync));
+  const std::string d = dir_for("resume_23");
+  run(sets_for(d, 2, 8, "gradients", sync));
+  const Outcome three = run(sets_for(d, 3, 16, "gradients", sync), d);
+  ASSERT_EQ(three.fit.history.size(), 8u);
+  EXPECT_EQ(three.fit.history.front().step, 9);
+  EXPECT_NEAR(three.fit.history.front().loss, two.fit.history[8].loss, 1e-6) << "step 9 starts from step 8's state";
+  EXPECT_LT(replica::testing::max_rel_diff(three.params, two.params), 1e-4);
+  EXPECT_GT(replica::testing::max_rel_diff(three.params, run(sets_for(dir_for("resume_23_fresh"), 3, 8, "gradients",
+                                                                      sync)).params),
+            1e-3)
+      << "the resumed run is not just a fresh 8-step run";
+}
+
+TEST(Sharding, AnUnknownModeIsANamedConfigurationError) {
+  try {
+    parse_config("", "test", {"parallel.shard=zero3"});
+    FAIL() << "accepted parallel.shard=zero3";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("parallel.shard"), std::string::npos) << m;
+    EXPECT_NE(m.find("gradients"), std::string::npos) << "names the choices: " << m;
+  }
+}
