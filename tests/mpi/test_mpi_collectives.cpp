@@ -117,6 +117,28 @@ TEST(Mpi, EveryCollectiveAtOddSizesAndAllDtypes) {
       std::vector<float> send(n * world, 1.f), recv(n);
       c.reduce_scatter(send.data(), recv.data(), n, DType::f32, ReduceOp::sum);
       ASSERT_EQ(recv[0], static_cast<float>(world));
+      // the uneven in-place forms of sharded training: the owner's range has the all-reduce's
+      // bits and nothing else changes; every rank gets every owner's range (an empty one too)
+      for (DType dt : {DType::f32, DType::bf16}) {
+        std::vector<size_t> bounds{0};
+        for (int q = 1; q < world; ++q) bounds.push_back(q == 1 ? n / 3 : bounds.back() + (q == 2 ? 0 : n / 4));
+        bounds.push_back(n);
+        const size_t es = dtype_size(dt);
+        std::vector<float> f(n);
+        for (size_t i = 0; i < n; ++i) f[i] = value(r, i);
+        std::vector<char> in(n * es), want(n * es);
+        convert(f.data(), DType::f32, in.data(), dt, n);
+        want = in;
+        std::vector<char> got = in;
+        c.all_reduce(want.data(), n, dt, ReduceOp::avg);
+        c.reduce_scatter_v_async(got.data(), n, dt, ReduceOp::avg, bounds)->wait();
+        const size_t lo = bounds[r], hi = bounds[r + 1];
+        ASSERT_EQ(0, std::memcmp(got.data() + lo * es, want.data() + lo * es, (hi - lo) * es)) << dtype_name(dt);
+        ASSERT_EQ(0, std::memcmp(got.data(), in.data(), lo * es)) << "written before the owned range";
+        ASSERT_EQ(0, std::memcmp(got.data() + hi * es, in.data() + hi * es, (n - hi) * es)) << "written after it";
+        c.all_gather_v(got.data(), n, dt, bounds);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), n * es)) << "every owner's reduced range, gathered";
+      }
       // async, several in flight
       std::vector<std::vector<float>> bufs(4, std::vector<float>(n, 1.f));
       std::vector<WorkHandle> ws;
