@@ -61,7 +61,7 @@ if [ "$mode" = "--test" ]; then
   phase "tsan: configure" cmake --preset tsan
   phase "tsan: build" cmake --build build-tsan -j "$jobs" --target test_parallel test_data test_core
   phase "tsan: communicator, gradient sync, replica group, loader, pool lock" env TSAN_OPTIONS=halt_on_error=1 \
-    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|CommClique|AllReduce|Sizes/AllReduce|Sharding|Loader|Readers|SpinLock|MemoryPool.Concurrent)"
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|CommClique|AllReduce|Sizes/AllReduce|Sharding|Loader|Readers|SpinLock|MemoryPool.Concurrent|ShardedCollectives|Kinds/ShardedCollectives|ShardPlan)"
 elif [ "$mode" = "--run" ]; then
   cmake --preset default
   cmake --build build -j "$jobs" --target replica

@@ -43,6 +43,10 @@ std::string RunReport::text() const {
     o << b;
   }
   if (pressure_steps) o << "; above 85% of capacity for " << pressure_steps << " steps";
+  std::snprintf(b, sizeof b, "\n  training state (replica 0): parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB",
+                params_mib, grads_mib, optimizer_mib);
+  o << b;
+  if (shard != "none") o << " (parallel.shard " << shard << ": its 1/" << replicas << " of the optimizer state)";
   std::snprintf(b, sizeof b, "\n  %.4f device-hours", device_hours());
   o << b;
   if (cost_per_device_hour > 0) {
@@ -77,6 +81,10 @@ std::string RunReport::json() const {
       .field("pressure_steps", pressure_steps)
       .field("device_hours", device_hours())
       .field("cost_per_device_hour", cost_per_device_hour)
+      .field("shard", shard)
+      .field("params_mib", params_mib)
+      .field("grads_mib", grads_mib)
+      .field("optimizer_mib", optimizer_mib)
       .end_object();
   return j.str();
 }
@@ -100,6 +108,12 @@ RunReport RunReport::from_json(const std::string& line) {
   r.capacity_mib = o.numbers("capacity_mib");
   r.pressure_steps = static_cast<int64_t>(o.number("pressure_steps"));
   r.cost_per_device_hour = o.number("cost_per_device_hour");
+  if (o.texts_.count("shard")) {  // written since parallel.shard; older summaries lack them
+    r.shard = o.text("shard");
+    r.params_mib = o.number("params_mib");
+    r.grads_mib = o.number("grads_mib");
+    r.optimizer_mib = o.number("optimizer_mib");
+  }
   return r;
 }
 

@@ -20,6 +20,10 @@ struct RunReport {
   std::vector<double> peak_mib, capacity_mib;  // this process's replicas
   double cost_per_device_hour = 0;         // run.cost_per_device_hour; 0: not set
   int64_t pressure_steps = 0;              // steps some replica's pool was above 85% of capacity
+  // Replica 0's training state: the pool's peaks of its params, grads and optimizer tags, and the
+  // parallel.shard mode that sized the optimizer's share.
+  std::string shard = "none";
+  double params_mib = 0, grads_mib = 0, optimizer_mib = 0;
 
   double device_hours() const { return wall_s * replicas / 3600.0; }
   double other_s() const;  // wall time none of the phases explains (start-up, logging, ...)

@@ -602,6 +602,12 @@ RunReport Trainer::run_report(const FitLoop& loop) const {
   }
   for (const auto& s : states_) r.pressure_steps = std::max(r.pressure_steps, s.pressure.steps_above());
   r.cost_per_device_hour = cfg_.run.cost_per_device_hour;
+  const auto tags = group_->replica(0).pool().stats().tags;
+  auto mib = [&](MemTag t) { return tags[static_cast<int>(t)].peak_in_use / 1048576.0; };
+  r.shard = cfg_.parallel.shard;
+  r.params_mib = mib(MemTag::params);
+  r.grads_mib = mib(MemTag::grads);
+  r.optimizer_mib = mib(MemTag::optimizer);
   return r;
 }
 

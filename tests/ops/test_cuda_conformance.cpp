@@ -522,6 +522,37 @@ TEST(CudaTraining, TwoReplicasOnOneGpuWithSyncBnAndAnFp16WireTrackTwoCpuReplicas
   }
 }
 
+// parallel.shard on GPUs: two replicas on cuda:0 (collectives staged through the host, whose
+// uneven collectives give the all-reduce's bits) and, with two GPUs, NCCL's grouped reduce /
+// broadcast (its reduce may add in another order than its all-reduce ring) against the unsharded
+// run with AdamW and clipping; the CPU twin (tests/train/test_sharding.cpp) is bit for bit.
+TEST(CudaTraining, ShardedOptimizerAndGradientsTrackTheUnshardedRun) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  std::vector<std::string> layouts = {"cuda:0,0"};
+  if (cuda_devices().size() >= 2) layouts.push_back("cuda:0,1");
+  for (const std::string& devices : layouts)
+    for (const char* precision : {"fp32", "bf16"}) {
+      const std::vector<std::string> base = {"optim.name=adamw", "optim.lr=0.002", "optim.clip_grad_norm=1",
+                                             "parallel.bucket_mb=0.1"};
+      auto with = [&](const std::string& mode) {
+        auto e = base;
+        e.push_back("parallel.shard=" + mode);
+        return e;
+      };
+      const TrainingRun none = train_run(devices, precision, with("none"));
+      for (const char* mode : {"optimizer", "gradients"}) {
+        const TrainingRun sh = train_run(devices, precision, with(mode));
+        ASSERT_EQ(sh.losses.size(), 20u);
+        ASSERT_TRUE(replica::testing::all_finite(sh.params)) << devices << " " << mode;
+        const double dp = replica::testing::max_rel_diff(sh.params, none.params);
+        std::printf("  %s %s parallel.shard=%s: parameters after 20 steps %.2e from the unsharded run\n",
+                    devices.c_str(), precision, mode, dp);
+        EXPECT_LT(dp, 1e-3) << devices << " " << precision << " " << mode;
+      }
+    }
+  if (cuda_devices().size() < 2) GTEST_SKIP() << "NCCL's sharded collectives: needs two GPUs (ran the staged path)";
+}
+
 // One host synchronisation per optimizer step on the GPU too (the CPU twin is test_host_syncs).
 TEST(CudaTraining, OneHostSyncPerOptimizerStep) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";

@@ -37,6 +37,38 @@ TEST(MemPlan, PredictsTheMeasuredPeakWithinFivePercent) {
   }
 }
 
+TEST(MemPlan, ShardedOptimizerStateIsPredictedAndMeasured) {
+  // 2 replicas with AdamW: the optimizer state is the largest shard's (about half), the prediction
+  // of the whole peak and of the optimizer tag hold against the pool's measured peaks.
+  double unsharded_state = 0;
+  for (std::string mode : {"none", "optimizer", "gradients"}) {
+    auto s = sets("fp32", "32", "optim.name=adamw");
+    s.push_back("parallel.devices=cpu:2");
+    s.push_back("parallel.shard=" + mode);
+    auto cfg = parse_config("", "test", s);
+    MemPlan plan = plan_memory(cfg);
+    Trainer t(cfg, {.print = false, .on_step = nullptr});
+    t.fit();
+    double measured = 0, state = 0;
+    for (int r = 0; r < 2; ++r) {
+      const auto st = t.group().replica(r).pool().stats();
+      measured = std::max(measured, static_cast<double>(st.peak_in_use));
+      state = std::max(state, static_cast<double>(st.tags[static_cast<int>(MemTag::optimizer)].peak_in_use));
+    }
+    const double predicted_state = plan.tag_bytes[static_cast<int>(MemTag::optimizer)];
+    std::printf("parallel.shard %s, 2 replicas, AdamW: peak predicted %.2f MiB, measured %.2f MiB (%+.2f%%); "
+                "optimizer state predicted %.3f MiB, measured %.3f MiB\n",
+                mode.c_str(), plan.peak_bytes / 1048576.0, measured / 1048576.0,
+                100.0 * (plan.peak_bytes - measured) / measured, predicted_state / 1048576.0, state / 1048576.0);
+    EXPECT_NEAR(plan.peak_bytes, measured, 0.05 * measured) << mode;
+    EXPECT_NEAR(predicted_state, state, 0.01 * state) << mode;
+    if (mode == "none") unsharded_state = state;
+    else EXPECT_LT(state, 0.55 * unsharded_state) << mode << ": the largest of two shards is about half";
+    EXPECT_NE(plan.report().find(mode == "none" ? "micro-batch 32:" : "parallel.shard " + mode), std::string::npos)
+        << plan.report();
+  }
+}
+
 TEST(MemPlan, AutoMicroBatchFitsASmallPool) {
   // 40 MiB holds ResNet-20 with micro-batch 32 but not 64 (about 78 MiB)
   auto cfg = parse_config("", "test", sets("fp32", "auto", "memory.bytes=40MiB"));
