@@ -297,9 +297,9 @@ int cmd_train(Args& a) {
   train::Trainer trainer(cfg, {.print = true, .on_step = nullptr, .resume = a.resume, .trace = a.trace, .alloc_trace = a.alloc_trace});
   auto r = trainer.fit();
   if (r.stopped_by_signal && trainer.group().lead_process()) {
-    std::printf("replica: stopped by signal %d after step %ld; checkpoint %s\n"
+    std::printf("replica: stopped (%s) after step %ld; checkpoint %s\n"
                 "replica: resume with: replica train%s%s --resume %s\n",
-                train::stop_signal(), (long)r.steps, r.last_checkpoint.c_str(), a.config.empty() ? "" : " ",
+                r.stopped_by.c_str(), (long)r.steps, r.last_checkpoint.c_str(), a.config.empty() ? "" : " ",
                 a.config.c_str(), cfg.train.run_dir.c_str());
   }
   return 0;

@@ -227,22 +227,24 @@ void ReplicaGroup::run(const std::function<void(Replica&)>& fn) {
   running_ = size();
   std::fill(errors_.begin(), errors_.end(), nullptr);
   error_order_.clear();
+  own_failures_.clear();
   generation_++;
   cv_start_.notify_all();
   cv_done_.wait(lock, [&] { return running_ == 0; });
   if (error_order_.empty()) return;
   broken_ = true;
   // Report the replica whose own error started it: prefer a non-communication error.
-  int who = error_order_.front();
+  int who = -1;
   for (int r : error_order_) {
     try {
       std::rethrow_exception(errors_[r]);
     } catch (const CommError&) {
     } catch (...) {
-      who = r;
-      break;
+      if (who < 0) who = r;
+      own_failures_.push_back(replicas_[r]->rank_);
     }
   }
+  if (who < 0) who = error_order_.front();
   try {
     std::rethrow_exception(errors_[who]);
   } catch (const std::exception& e) {

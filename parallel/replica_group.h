@@ -117,6 +117,10 @@ class ReplicaGroup {
   // the first replica that failed (failures caused only by that abort are not reported again).
   // Under MPI every process calls run() with the same function: collectives span all of them.
   void run(const std::function<void(Replica&)>& fn);
+  // Global ranks of this process whose last run() failed with an error of their own (not the
+  // communication error another replica's abort caused): one rank is a lost replica; every rank
+  // failing alike (a diverged loss, a bad label) is the run's own problem.
+  const std::vector<int>& last_failures() const { return own_failures_; }
 
  private:
   void worker(int r);
@@ -132,6 +136,7 @@ class ReplicaGroup {
   bool broken_ = false;
   std::vector<std::exception_ptr> errors_;
   std::vector<int> error_order_;
+  std::vector<int> own_failures_;
   bool pin_ = true;
   int process_rank_ = 0, processes_ = 1;
   int node_slot_ = 0;  // this process's index among the job's processes on this node

@@ -1,6 +1,8 @@
 // Config parsing: a table of known keys per section, each with a typed setter and its checks.
 #include "train/config.h"
 
+#include <filesystem>
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -304,7 +306,10 @@ std::map<std::string, Section> schema(RunConfig& c) {
         int_key("check_every", p.check_every, 0, int64_t(1) << 40),
         double_key("timeout_s", p.timeout_s, 0.01, 1e6),
         bool_key("pin_threads", p.pin_threads),
-        int_key("intra_op_threads", p.intra_op_threads, 1, 1024)}},
+        int_key("intra_op_threads", p.intra_op_threads, 1, 1024),
+        choice_key("on_replica_failure", p.on_replica_failure, {"stop", "shrink"}),
+        int_key("min_replicas", p.min_replicas, 1, 1 << 20),
+        text_key("preempt_file", p.preempt_file)}},
       {"memory",
        {{"mode", [&](auto& n, auto& l) { mem.mode = one_of(n, l, {"preallocate", "growth", "platform"}); },
          optional_of(mem.mode)},
@@ -424,6 +429,13 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
   if ((c.data.dataset == "folder" || c.data.dataset == "packed") && c.data.pad_crop)
     throw ConfigError(source + ": data.pad_crop is for the in-memory data sets; a " + c.data.dataset +
                       " data set crops with data.crop_scale and data.crop_ratio (RandomResizedCrop)");
+  if (!c.parallel.preempt_file.empty()) {
+    const auto dir = std::filesystem::absolute(c.parallel.preempt_file).parent_path();
+    if (!std::filesystem::is_directory(dir))
+      throw ConfigError(source + ": parallel.preempt_file: " + c.parallel.preempt_file + " is in " + dir.string() +
+                        ", which is not a directory; the notice file must be able to appear there (create it, or "
+                        "name a file in an existing directory)");
+  }
   if (c.data.mean.size() != c.data.std.size())
     throw ConfigError(source + ": data.mean and data.std need the same number of values (one per channel)");
   c.resolved = emit(c);

@@ -91,6 +91,11 @@ struct ParallelConfig {
   double timeout_s = 300;
   bool pin_threads = true;
   int intra_op_threads = 1;  // threads each CPU replica's kernels may use
+  // A lost replica (train/recovery.h): stop (the run ends with the error) or shrink (in one
+  // process: continue on the survivors from the last completed step, keeping the global batch).
+  std::string on_replica_failure = "stop";
+  int64_t min_replicas = 1;  // shrink: fewer survivors than this checkpoint and stop
+  std::string preempt_file;  // polled every step; when it appears: checkpoint, exit 0 (spot notices)
 };
 
 struct CheckpointConfig {

@@ -43,6 +43,8 @@ class MetricsSink {
   virtual void eval(const EvalRecord& r) = 0;
   // Once, at the end of a run.
   virtual void summary(const RunReport& r) { (void)r; }
+  // Something that happened to the run (a replica lost: train/recovery.h), as a JSON object.
+  virtual void event(const std::string& json) { (void)json; }
 };
 
 // Fans out to several sinks.
@@ -57,6 +59,9 @@ class MetricsSinks : public MetricsSink {
   }
   void summary(const RunReport& r) override {
     for (auto& s : sinks_) s->summary(r);
+  }
+  void event(const std::string& json) override {
+    for (auto& s : sinks_) s->event(json);
   }
 
  private:
@@ -82,6 +87,7 @@ class JsonlSink : public MetricsSink {
   void step(const StepRecord& r, bool logged) override;
   void eval(const EvalRecord& r) override;
   void summary(const RunReport& r) override { append(r.json()); }
+  void event(const std::string& json) override { append(json); }
 
  private:
   void append(const std::string& line) const;

@@ -78,7 +78,10 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
     log_info("gradient buckets re-cut from the observed readiness order: ", sync_->buckets().size(), " buckets, ",
              packed, " of them gathered from non-adjacent slots");
   }
-  ctx.on_grads_ready = [this](int first, int count) { sync_->ready(first, count); };
+  ctx.on_grads_ready = [this, last](int first, int count) {
+    sync_->ready(first, count);
+    if (o_.fault && last && sync_->launched_during_backward() > 0) o_.fault("bucket");
+  };
   const int track = 2 * rep_.rank();
   std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
   fwd.emplace(o_.timeline, track, "forward", "compute");
@@ -154,6 +157,7 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
     }
     if (g.defined()) optim::clip_grad_norm(g, o_.clip_grad_norm, st.grad_norm);
   }
+  if (o_.fault) o_.fault("optimizer");
   {
     Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
     opt_.step(model_.params(), model_.grads(), lr);  // queued on the compute stream, no host wait

@@ -22,6 +22,7 @@
 // changes, and the returned StepStatus says so (applied = false).
 #pragma once
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -67,6 +68,9 @@ struct StepOptions {
   // `gradients` mode the buckets are reduce-scattered as well, and the finite check, the norm and
   // clipping read the shard. Unsharded (mode none) by default.
   parallel::ShardPlan shard;
+  // REPLICA_FAULT's hook (train/recovery.h): called at "bucket" (the last micro-step's backward,
+  // once a gradient bucket was sent) and "optimizer" (after the step's collectives); may throw.
+  std::function<void(const char* where)> fault;
   Timeline* timeline = nullptr;  // `--trace`: slices for forward, backward, all-reduces, optimizer
 };
 

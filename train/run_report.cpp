@@ -47,6 +47,7 @@ std::string RunReport::text() const {
                 params_mib, grads_mib, optimizer_mib);
   o << b;
   if (shard != "none") o << " (parallel.shard " << shard << ": its 1/" << replicas << " of the optimizer state)";
+  for (const auto& e : events) o << "\n  event: " << e;
   std::snprintf(b, sizeof b, "\n  %.4f device-hours", device_hours());
   o << b;
   if (cost_per_device_hour > 0) {
@@ -85,6 +86,11 @@ std::string RunReport::json() const {
       .field("params_mib", params_mib)
       .field("grads_mib", grads_mib)
       .field("optimizer_mib", optimizer_mib)
+      .field("events", [&] {
+        std::string all;
+        for (const auto& e : events) all += (all.empty() ? "" : "\n") + e;
+        return all;
+      }())
       .end_object();
   return j.str();
 }
@@ -113,6 +119,10 @@ RunReport RunReport::from_json(const std::string& line) {
     r.params_mib = o.number("params_mib");
     r.grads_mib = o.number("grads_mib");
     r.optimizer_mib = o.number("optimizer_mib");
+  }
+  if (o.texts_.count("events") && !o.text("events").empty()) {
+    std::stringstream ss(o.text("events"));
+    for (std::string e; std::getline(ss, e);) r.events.push_back(e);
   }
   return r;
 }

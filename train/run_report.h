@@ -24,6 +24,7 @@ struct RunReport {
   // parallel.shard mode that sized the optimizer's share.
   std::string shard = "none";
   double params_mib = 0, grads_mib = 0, optimizer_mib = 0;
+  std::vector<std::string> events;  // replicas lost and how the run went on (train/recovery.h)
 
   double device_hours() const { return wall_s * replicas / 3600.0; }
   double other_s() const;  // wall time none of the phases explains (start-up, logging, ...)

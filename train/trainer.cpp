@@ -103,13 +103,22 @@ namespace {
 
 Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
   auto devices = parse_devices(cfg_.parallel.devices);
-  parallel::GroupOptions go;
-  go.cpu_pool = pool_options(cfg_.memory, DeviceKind::cpu);
-  go.cuda_pool = pool_options(cfg_.memory, DeviceKind::cuda);
-  go.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000));
+  go_.cpu_pool = pool_options(cfg_.memory, DeviceKind::cpu);
+  go_.cuda_pool = pool_options(cfg_.memory, DeviceKind::cuda);
+  go_.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000));
   // A replica with several intra-op threads must not be pinned to a single core.
-  go.pin_threads = cfg_.parallel.pin_threads && cfg_.parallel.intra_op_threads == 1;
-  go.latency_lane = cfg_.parallel.sync_bn;  // sync-BN's reductions get their own NCCL lane
+  go_.pin_threads = cfg_.parallel.pin_threads && cfg_.parallel.intra_op_threads == 1;
+  go_.latency_lane = cfg_.parallel.sync_bn;  // sync-BN's reductions get their own NCCL lane
+  if (cfg_.parallel.on_replica_failure == "shrink" && cfg_.parallel.min_replicas > static_cast<int64_t>(devices.size()))
+    throw ConfigError("parallel.min_replicas " + std::to_string(cfg_.parallel.min_replicas) + " is more than the " +
+                      std::to_string(devices.size()) + " device(s) of parallel.devices " + cfg_.parallel.devices +
+                      ": a shrinking run could never start; lower parallel.min_replicas");
+  if (cfg_.parallel.on_replica_failure == "shrink" && cfg_.parallel.shard != "none")
+    throw ConfigError("parallel.on_replica_failure: shrink with parallel.shard: " + cfg_.parallel.shard +
+                      ": a lost replica takes its shard of the optimizer state with it, so the survivors could not "
+                      "continue from memory; use parallel.shard: none, or on_replica_failure: stop and resume from "
+                      "the last checkpoint");
+  fault_ = FaultInjector::from_env();
   // micro_batch: auto is planned before the replica group takes its pools: on a GPU the planner
   // must measure on a device that is not already 75% preallocated.
   std::optional<MemPlan> plan;
@@ -120,22 +129,6 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
                         "); use fp16/bf16, a smaller model or a larger memory.fraction");
     cfg_.train.micro_batch = plan->best_micro_batch;
   }
-  group_ = std::make_unique<parallel::ReplicaGroup>(devices, go);
-  if (!group_->lead_process()) opts_.print = false;  // under MPI, global rank 0's process speaks
-  const int R = group_->world();  // all replicas of all processes
-  const int64_t B = cfg_.train.global_batch;
-  if (plan && opts_.print)
-    std::printf("replica: micro_batch auto: %ld fits (largest %ld; predicted peak %.1f MiB of %s), %d accumulation step(s)\n",
-                (long)plan->best_micro_batch, (long)plan->max_micro_batch,
-                plan->peak_for(plan->best_micro_batch) / 1048576.0, plan->pool.c_str(), plan->accumulation);
-  micro_ = cfg_.train.micro_batch ? cfg_.train.micro_batch : B / R;
-  if (micro_ < 1 || B % (micro_ * R) != 0)
-    throw ConfigError("train.global_batch " + std::to_string(B) + " is not micro_batch " + std::to_string(micro_) +
-                      " x accumulation steps x " + std::to_string(R) +
-                      " replicas for any whole number of accumulation steps; pick a global batch divisible by "
-                      "micro_batch x replicas (" + std::to_string(std::max<int64_t>(micro_, 1) * R) + ")");
-  accumulation_ = static_cast<int>(B / (micro_ * R));
-
   train_ = make_dataset(cfg_.data, "train");
   test_ = make_dataset(cfg_.data, "test");
   check_classes();
@@ -144,13 +137,34 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     throw ConfigError(cfg_.source + ": data.mean has " + std::to_string(cfg_.data.mean.size()) + " values but " +
                       train_->name() + " images have " + std::to_string(s[2]) + " channel(s)");
   aug_ = {cfg_.data.pad_crop, cfg_.data.hflip, cfg_.data.mean, cfg_.data.std};
+  build(devices);
+  if (plan && opts_.print)
+    std::printf("replica: micro_batch auto: %ld fits (largest %ld; predicted peak %.1f MiB of %s), %d accumulation step(s)\n",
+                (long)plan->best_micro_batch, (long)plan->max_micro_batch,
+                plan->peak_for(plan->best_micro_batch) / 1048576.0, plan->pool.c_str(), plan->accumulation);
+  if (!opts_.resume.empty()) load_resume_point();
+}
+
+// The replica group over `devices` and everything sized by it: the batch split (micro-batch x
+// accumulation x replicas = the global batch), the data sharding, the schedule, and each
+// replica's model, optimizer and loader. Called once, and again by a shrink on the survivors.
+void Trainer::build(const std::vector<Device>& devices) {
+  group_ = std::make_unique<parallel::ReplicaGroup>(devices, go_);
+  if (!group_->lead_process()) opts_.print = false;  // under MPI, global rank 0's process speaks
+  const int R = group_->world();  // all replicas of all processes
+  const int64_t B = cfg_.train.global_batch;
+  micro_ = cfg_.train.micro_batch ? cfg_.train.micro_batch : B / R;
+  if (micro_ < 1 || B % (micro_ * R) != 0)
+    throw ConfigError("train.global_batch " + std::to_string(B) + " is not micro_batch " + std::to_string(micro_) +
+                      " x accumulation steps x " + std::to_string(R) +
+                      " replicas for any whole number of accumulation steps; pick a global batch divisible by "
+                      "micro_batch x replicas (" + std::to_string(std::max<int64_t>(micro_, 1) * R) + ")");
+  accumulation_ = static_cast<int>(B / (micro_ * R));
   sharding_ = std::make_unique<data::Sharding>(train_->size(), micro_, accumulation_, R, cfg_.train.seed, true);
-
   init_schedule();
-
   const DType compute = parse_dtype(cfg_.train.precision);
   if (!opts_.trace.empty()) {
-    timeline_ = std::make_unique<Timeline>();
+    if (!timeline_) timeline_ = std::make_unique<Timeline>();
     for (int i = 0; i < group_->size(); ++i) {
       const int r = group_->replica(i).rank();
       timeline_->name_track(2 * r, "replica " + std::to_string(r) + " compute");
@@ -158,12 +172,13 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     }
   }
   if (!opts_.alloc_trace.empty() && group_->lead_process()) {
-    alloc_trace_ = std::make_unique<AllocTrace>();
+    if (!alloc_trace_) alloc_trace_ = std::make_unique<AllocTrace>();
     group_->replica(0).pool().set_trace(alloc_trace_.get());
   }
+  states_.clear();
   states_.resize(group_->size());
+  const Shape s = train_->sample_shape();
   group_->run([&](parallel::Replica& rep) { init_replica(rep, s, compute); });
-  if (!opts_.resume.empty()) load_resume_point();
 }
 
 // The step count and the learning-rate schedule, in steps of this run's global batch.
@@ -227,6 +242,7 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
   so.timeline = timeline_.get();
   so.shard = shard;
+  if (fault_) so.fault = [this, &rep](const char* where) { fault_point(rep, where); };
   st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
   st.staging = make_staging_pool(rep.device());
   // A GPU replica's host cores are free: its loader uses a share of them.
@@ -275,38 +291,45 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
   // replica count, sharded or not, resumes from it.
   const std::string opt_state = gather_optimizer_state(rep);
   std::string path;
+  fault_point(rep, "checkpoint");  // REPLICA_FAULT=...:checkpoint: after the gathers, before the file
   if (rep.rank() == 0) {
-    auto& st = states_[0];
-    Checkpoint c;
-    c.sections["config"] = cfg_.resolved;
-    c.set_meta({{"global_step", std::to_string(global_step)},
-                {"epoch", std::to_string(epoch)},
-                {"step_in_epoch", std::to_string(step_in_epoch)},
-                {"world", std::to_string(replicas())},
-                {"global_batch", std::to_string(cfg_.train.global_batch)},
-                {"arch", st.model->name()},
-                {"num_params", std::to_string(st.model->num_params())},
-                {"num_buffers", std::to_string(st.model->num_buffers())},
-                {"precision", cfg_.train.precision},
-                {"optimizer", st.opt->name()},
-                {"optimizer_steps", std::to_string(st.opt->steps())},
-                {"seed", std::to_string(cfg_.train.seed)}});
-    c.sections["params"] = tensor_to_bytes(st.model->params());
     const size_t nb = static_cast<size_t>(mine.numel());
+    std::vector<std::string> buffers;
     for (int r = 0; r < replicas(); ++r)
-      c.sections["buffers." + std::to_string(r)] =
-          std::string(reinterpret_cast<const char*>(all_buffers.data() + r * nb), nb * sizeof(float));
-    c.sections["optimizer"] = opt_state;
-    if (st.scaler) {
-      auto ss = st.scaler->state();
-      c.sections["scaler"] = std::string(reinterpret_cast<const char*>(&ss), sizeof ss);
-    }
+      buffers.emplace_back(reinterpret_cast<const char*>(all_buffers.data() + r * nb), nb * sizeof(float));
     path = checkpoint_path(policy.dir(), global_step);
-    write_checkpoint(c, path);
+    write_checkpoint(compose_checkpoint(states_[0], buffers, opt_state, global_step, epoch, step_in_epoch), path);
     rotate_checkpoints(policy.dir(), policy.keep_last());
   }
   rep.comm().barrier();
   return path;
+}
+
+Checkpoint Trainer::compose_checkpoint(const State& st, const std::vector<std::string>& buffers,
+                                       const std::string& opt_state, int64_t global_step, int64_t epoch,
+                                       int64_t step_in_epoch) const {
+  Checkpoint c;
+  c.sections["config"] = cfg_.resolved;
+  c.set_meta({{"global_step", std::to_string(global_step)},
+              {"epoch", std::to_string(epoch)},
+              {"step_in_epoch", std::to_string(step_in_epoch)},
+              {"world", std::to_string(buffers.size())},
+              {"global_batch", std::to_string(cfg_.train.global_batch)},
+              {"arch", st.model->name()},
+              {"num_params", std::to_string(st.model->num_params())},
+              {"num_buffers", std::to_string(st.model->num_buffers())},
+              {"precision", cfg_.train.precision},
+              {"optimizer", st.opt->name()},
+              {"optimizer_steps", std::to_string(st.opt->steps())},
+              {"seed", std::to_string(cfg_.train.seed)}});
+  c.sections["params"] = tensor_to_bytes(st.model->params());
+  for (size_t r = 0; r < buffers.size(); ++r) c.sections["buffers." + std::to_string(r)] = buffers[r];
+  c.sections["optimizer"] = opt_state;
+  if (st.scaler) {
+    auto ss = st.scaler->state();
+    c.sections["scaler"] = std::string(reinterpret_cast<const char*>(&ss), sizeof ss);
+  }
+  return c;
 }
 
 std::string Trainer::gather_optimizer_state(parallel::Replica& rep) {
@@ -509,6 +532,7 @@ auto with_averaged_statistics(parallel::Replica& rep, nn::Model& model, F&& fn) 
 
 EvalResult Trainer::evaluate_on(parallel::Replica& rep) {
   auto& st = states_[rep.local_index()];
+  fault_point(rep, "eval");
   return with_averaged_statistics(rep, *st.model, [&] { return evaluate_averaged(rep); });
 }
 
@@ -562,11 +586,15 @@ FitResult Trainer::fit() {
   if (group_->lead_process()) lock = open_run_directory(loop.sinks);  // rank 0's process writes it
   print_start();
   const auto t_start = Clock::now();
-  try {
-    group_->run([&](parallel::Replica& rep) { fit_replica(rep, loop); });
-  } catch (const parallel::ReplicaError& e) {
-    if (!e.cause_as<OutOfMemoryError>()) throw;
-    throw parallel::ReplicaError(e.rank(), e.what() + planner_advice(), e.cause());
+  for (;;) {
+    try {
+      group_->run([&](parallel::Replica& rep) { fit_replica(rep, loop); });
+      break;
+    } catch (const parallel::ReplicaError& e) {
+      if (shrink_to_survivors(e, loop)) continue;  // parallel.on_replica_failure: shrink
+      if (!e.cause_as<OutOfMemoryError>()) throw;
+      throw parallel::ReplicaError(e.rank(), e.what() + planner_advice(), e.cause());
+    }
   }
   FitResult& result = loop.result;
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -608,6 +636,7 @@ RunReport Trainer::run_report(const FitLoop& loop) const {
   r.params_mib = mib(MemTag::params);
   r.grads_mib = mib(MemTag::grads);
   r.optimizer_mib = mib(MemTag::optimizer);
+  r.events = events_;
   return r;
 }
 
@@ -619,6 +648,7 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
   bool stop = false;
   StepWindow window;
   CheckpointPolicy checkpoints = loop.checkpoints;  // each replica's own: it records what was saved
+  remember_step(rep, step);
   for (int64_t epoch = start_epoch_; epoch < loop.epochs && step < total_steps_ && !stop; ++epoch) {
     const auto t_epoch = Clock::now();
     const int64_t first = epoch == start_epoch_ ? start_step_in_epoch_ : 0;
@@ -628,6 +658,7 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
       const StepStatus status = train_step(rep, step, s + 1 < spe);
       stop = status.stop;
       ++step;
+      remember_step(rep, step);
       if (cfg_.parallel.check_every && step % cfg_.parallel.check_every == 0)
         parallel::check_replicas_agree(rep.comm(), st.model->params(), step);
       // Where the data resumes after this step: the next step of this epoch, or the next epoch.
@@ -638,6 +669,8 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
       if (opts_.on_step) opts_.on_step(status);
       if (stop) {
         loop.result.stopped_by_signal = true;
+        loop.result.stopped_by = preempt_noticed_ ? "parallel.preempt_file " + cfg_.parallel.preempt_file + " appeared"
+                                                  : "signal " + std::to_string(stop_signal());
         break;
       }
       window.add(status);
@@ -693,6 +726,8 @@ StepStatus Trainer::train_step(parallel::Replica& rep, int64_t global_step, bool
   const bool plan = cfg_.memory.step_plan && rep.device().kind == DeviceKind::cpu;
   if (plan && nth == 1) rep.pool().plan_record_begin();
   if (plan && nth >= 2) rep.pool().plan_step_begin();
+  st.running_step = global_step + 1;
+  fault_point(rep, "start");
   st.step->zero_grad();
   for (int k = 0; k < accumulation_; ++k) {
     if (st.inputs->empty()) st.inputs->push(next_batch());
@@ -704,7 +739,13 @@ StepStatus Trainer::train_step(parallel::Replica& rep, int64_t global_step, bool
     st.inputs->pop();
   }
   // The schedule advances with applied steps only: a skipped (overflowing) step leaves it.
-  StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()), stop_requested());
+  // The stop vote: a signal, or the preemption notice file (any replica seeing it stops them all).
+  bool preempted = false;
+  if (!cfg_.parallel.preempt_file.empty() && std::filesystem::exists(cfg_.parallel.preempt_file)) {
+    preempted = true;
+    preempt_noticed_ = true;
+  }
+  StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()), stop_requested() || preempted);
   if (plan && nth == 1) rep.pool().plan_record_end();
   if (plan && nth >= 2) rep.pool().plan_step_end();
   const std::string warning = st.pressure.observe(rep.device().str(), rep.pool().pop_scope().peak_in_use / 1048576.0,

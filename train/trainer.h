@@ -2,7 +2,9 @@
 // over its shard; rank 0 prints progress and writes the run directory: the resolved config,
 // metrics.jsonl (one line per logged step and per evaluation) and the final model.
 #pragma once
+#include <atomic>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,9 +16,11 @@
 #include "optim/schedule.h"
 #include "parallel/replica_group.h"
 #include "core/file_io.h"
+#include "train/checkpoint.h"
 #include "train/checkpoint_policy.h"
 #include "train/config.h"
 #include "train/metrics_sink.h"
+#include "train/recovery.h"
 #include "train/run_report.h"
 #include "train/replica_step.h"
 
@@ -34,7 +38,8 @@ struct FitResult {
   double seconds = 0;
   double images_per_second = 0;  // training throughput (evaluation excluded)
   int64_t skipped = 0;           // steps skipped for overflowing gradients (fp16)
-  bool stopped_by_signal = false;
+  bool stopped_by_signal = false;  // a stop vote: a signal or parallel.preempt_file (stopped_by says which)
+  std::string stopped_by;
   std::string last_checkpoint;
   std::vector<StepStatus> history;  // every step (rank 0's view; all ranks agree)
 };
@@ -81,10 +86,15 @@ class Trainer {
     std::unique_ptr<InputStager> inputs;  // batches to the device ahead of use (copy stream)
     // The memory-pressure rule over this replica's step peaks (its own thread observes it).
     MemoryPressure pressure{50};
+    // parallel.on_replica_failure: shrink: the last completed step and its statistics; and the
+    // step this replica is running (for REPLICA_FAULT).
+    StepMemory memory;
+    int64_t running_step = 0;
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
   void init_schedule();
   void check_classes();
+  void build(const std::vector<Device>& devices);
   void init_from_file(parallel::Replica& rep, nn::Model& model);
   void init_replica(parallel::Replica& rep, const Shape& sample, DType compute);
   // Evaluation on the replicas' averaged statistics; the training state is left as it was.
@@ -120,12 +130,30 @@ class Trainer {
   // The optimizer's state tensors whole, concatenated (rank 0 gets the bytes; every replica must
   // call it): sharded state is gathered, so the checkpoint is the same as an unsharded run's.
   std::string gather_optimizer_state(parallel::Replica& rep);
+  // A checkpoint of `st`'s parameters, optimizer step count and scaler, with every replica's
+  // batch-norm statistics (`buffers`, one per replica: the checkpoint's world) and the whole
+  // optimizer state `opt_state`, at the given data position.
+  Checkpoint compose_checkpoint(const State& st, const std::vector<std::string>& buffers, const std::string& opt_state,
+                                int64_t global_step, int64_t epoch, int64_t step_in_epoch) const;
   // Loads the newest valid checkpoint (falling back with a warning past damaged ones).
   void load_resume_point();
+  // train/recovery.cpp. After each completed step (and at the start): what a shrink continues from.
+  void remember_step(parallel::Replica& rep, int64_t step);
+  // parallel.on_replica_failure: shrink, one process: when exactly one replica failed, writes the
+  // last completed step as a checkpoint, rebuilds the group on the survivors and resumes from it
+  // (returns true); false when the failure is not one to shrink past. Throws TrainingError below
+  // parallel.min_replicas (after the checkpoint).
+  bool shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop);
+  // REPLICA_FAULT's hook (a no-op without it): replica `rep` at `where` of its running step.
+  void fault_point(parallel::Replica& rep, const char* where);
   std::string checkpoint_dir() const;
 
   RunConfig cfg_;
   TrainerOptions opts_;
+  parallel::GroupOptions go_;
+  std::optional<FaultInjector> fault_;
+  std::vector<std::string> events_;  // replicas lost and how the run went on (the run report)
+  std::atomic<bool> preempt_noticed_{false};  // some replica of this process saw parallel.preempt_file
   std::shared_ptr<data::Dataset> train_, test_;
   std::unique_ptr<parallel::ReplicaGroup> group_;
   std::unique_ptr<data::Sharding> sharding_;

@@ -82,6 +82,10 @@ class HostCommState {
       std::this_thread::yield();
     lock.lock();
     bool ok = cv_.wait_for(lock, opts_.timeout, [&] { return gen_ != g || aborted_; });
+    // A barrier every rank reached has succeeded, even when an abort came in before this waiter
+    // woke: a rank that left it may have gone on (finished its step) and failed afterwards, and
+    // the survivors must agree on what completed (train/recovery.h). The next collective fails.
+    if (gen_ != g) return;
     if (aborted_) throw CommError(why_);
     if (!ok) {
       std::string missing;
