@@ -11,6 +11,7 @@
 #include "core/cuda/runtime.h"
 #include "core/device.h"
 #include "core/errors.h"
+#include "parallel/replica_group.h"
 #include "core/file_io.h"
 #include "data/image_pack.h"
 #include "core/log.h"
@@ -366,7 +367,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "replica: error: %s\n", e.what());
-    parallel::abort_mpi_job(e.what(), 1);
-    return 1;
+    // A lost peer or a collective that timed out: restartable on the machines that are left.
+    const auto* re = dynamic_cast<const parallel::ReplicaError*>(&e);
+    const bool lost_peer = dynamic_cast<const CommError*>(&e) || (re && re->cause_as<CommError>());
+    const int code = lost_peer ? parallel::kExitRestartable : 1;
+    if (lost_peer) std::fprintf(stderr, "replica: exit %d: restartable (resume with --resume on the devices left)\n", code);
+    parallel::abort_mpi_job(e.what(), code);
+    return code;
   }
 }

@@ -16,6 +16,11 @@ class Stream;
 
 namespace replica::parallel {
 
+// The exit status of a process whose job lost a peer (a collective timed out, a process died):
+// nothing it wrote is inconsistent, and the run continues with `replica train --resume RUN_DIR` on
+// the machines that are left (sysexits' EX_TEMPFAIL; examples/elastic/resume-loop.sh restarts on it).
+constexpr int kExitRestartable = 75;
+
 enum class ReduceOp { sum, avg, max };
 const char* reduce_op_name(ReduceOp op);
 

@@ -13,6 +13,7 @@
 
 #include "core/errors.h"
 #include "core/tensor.h"
+#include "parallel/communicator.h"
 
 namespace replica::train {
 
@@ -20,7 +21,7 @@ namespace replica::train {
 // nothing it wrote is inconsistent and `replica train --resume RUN_DIR` on the machines that are
 // left continues it (sysexits' EX_TEMPFAIL). 0 is success or a preemption stop, 2 a configuration
 // to fix, 1 any other error (not worth a restart: a diverged loss, an out-of-memory).
-constexpr int kExitRestartable = 75;
+constexpr int kExitRestartable = parallel::kExitRestartable;
 
 // Thrown by an injected fault (REPLICA_FAULT), so tests can tell it from a real failure.
 class InjectedFault : public Error {

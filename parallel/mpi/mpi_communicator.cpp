@@ -359,7 +359,7 @@ class MpiCommunicator : public Communicator {
     try {
       return f();
     } catch (const CommError& e) {
-      abort_mpi_job("global rank " + std::to_string(rank()) + ": " + e.what());
+      abort_mpi_job("global rank " + std::to_string(rank()) + ": " + e.what(), kExitRestartable);
       throw;  // abort_mpi_job does not return once MPI is up
     }
   }
@@ -379,7 +379,8 @@ class MpiCommunicator : public Communicator {
                       " (collective #" + std::to_string(seq_) + ") waiting for another process: " +
                       (who.empty() ? std::string("every process arrived, so one is stuck inside it or issuing other "
                                                  "collectives")
-                                   : who + " (stopped, dead, or stuck in other work)"));
+                                   : who + " (stopped, dead, or stuck in other work)"),
+                      kExitRestartable);
       }
       std::this_thread::yield();
     }

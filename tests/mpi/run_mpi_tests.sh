@@ -69,6 +69,7 @@ echo "job died in ${elapsed} s with exit code $rc, naming global rank 1"
 
 echo "== a stopped rank is named"
 faulty_run stall --stall-rank 1
+[ "$rc" -eq 75 ] || { echo "FAIL: a time-out exits $rc, not 75 (restartable)"; cat "$work/stall.log"; exit 1; }
 grep -q "process 1 (global rank 1) never reached it" "$work/stall.log" ||
   { echo "FAIL: the stopped rank is not named"; cat "$work/stall.log"; exit 1; }
 echo "job died in ${elapsed} s naming the stopped process:"
