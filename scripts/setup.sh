@@ -16,8 +16,9 @@ case "$mode" in --run|--test|build) ;; *) echo "usage: scripts/setup.sh [--run|-
 packages=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev libyaml-cpp-dev googletest libgtest-dev
           libturbojpeg0-dev libpng-dev
           libbenchmark-dev zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
-# The sanitizer and fuzz jobs of --test: Debian's clang with its libFuzzer runtime, and bc for the fuzz table.
-[ "$mode" = "--test" ] && packages+=(clang libclang-rt-14-dev bc)
+# The sanitizer and fuzz jobs of --test: Debian's clang with its libFuzzer runtime, bc for the fuzz table; slurm-wlm
+# and munge for the Slurm recipe's test (tests/elastic/run_slurm.sh).
+[ "$mode" = "--test" ] && packages+=(clang libclang-rt-14-dev bc slurm-wlm munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

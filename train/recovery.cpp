@@ -136,7 +136,13 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   //    (its loaders before its pools), then the new one takes the devices.
   states_.clear();
   group_.reset();
-  build(devices);
+  try {
+    build(devices);
+  } catch (const ConfigError& ce) {  // e.g. a fixed micro-batch that cannot keep the global batch
+    throw TrainingError(std::string(e.what()) + "; cannot continue on " + std::to_string(survivors.size()) +
+                        " replica(s): " + ce.what() + ". Step " + std::to_string(step) + " is checkpointed at " + path +
+                        "; resume with --resume " + cfg_.train.run_dir + " and a configuration that fits");
+  }
   opts_.resume = path;
   const bool print = opts_.print;
   opts_.print = false;  // the lines below say what happened instead of the resume's

@@ -5,6 +5,9 @@
 #include "parallel/mpi/mpi_communicator.h"
 
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
 
 #include <condition_variable>
 #include <cstdio>
@@ -24,6 +27,14 @@
 namespace replica::parallel {
 
 bool mpi_compiled() { return true; }
+
+bool mpi_has_ulfm() {
+#ifdef MPIX_ERR_PROC_FAILED
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::string mpi_version() {
   char v[MPI_MAX_LIBRARY_VERSION_STRING];

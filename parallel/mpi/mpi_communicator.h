@@ -18,6 +18,9 @@ bool launched_by_mpi();
 bool mpi_compiled();
 // The MPI library's own version line ("Open MPI v4.1.4, ..."), or "not built in".
 std::string mpi_version();
+// Whether the MPI built against has ULFM's fault tolerance (MPIX_Comm_shrink, from mpi-ext.h). Not
+// used yet: a lost process ends the job with exit 75 and the run resumes on the rest.
+bool mpi_has_ulfm();
 
 // This process's place in the MPI job (initialises MPI on first use; finalises at exit).
 struct MpiProcess {

@@ -7,6 +7,7 @@
 namespace replica::parallel {
 
 bool mpi_compiled() { return false; }
+bool mpi_has_ulfm() { return false; }
 std::string mpi_version() { return "not built in"; }
 bool launched_by_mpi() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");

@@ -25,6 +25,14 @@ namespace replica::parallel {
 
 bool nccl_compiled() { return true; }
 
+bool nccl_has_comm_shrink() {
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::string nccl_version() {
   int v = 0;
   if (ncclGetVersion(&v) != ncclSuccess) return "NCCL: version unknown";

@@ -19,6 +19,10 @@ namespace replica::parallel {
 bool nccl_compiled();
 // The NCCL version this process loaded ("NCCL 2.28.9"), or "NCCL: not built".
 std::string nccl_version();
+// Whether the NCCL built against offers ncclCommShrink (2.27+): a communicator rebuilt without a
+// lost rank in place. replica does not use it yet: across processes a lost rank is a restart
+// from the checkpoint (train/recovery.h); `replica --version` says which is available.
+bool nccl_has_comm_shrink();
 
 struct NcclOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};

@@ -6,6 +6,7 @@ namespace replica::parallel {
 
 bool nccl_compiled() { return false; }
 std::string nccl_version() { return "NCCL: not built"; }
+bool nccl_has_comm_shrink() { return false; }
 bool nccl_orders_communicators() { return false; }
 
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<Device>&,
