@@ -52,8 +52,15 @@ std::optional<FaultInjector> FaultInjector::from_env() {
 void FaultInjector::at(const char* w, int r, int64_t s) {
   if (r != rank || s != step || where != w) return;
   if (fired_->exchange(true)) return;
+  fired_ns_->store(std::chrono::steady_clock::now().time_since_epoch().count());
   throw InjectedFault("injected fault (REPLICA_FAULT): replica " + std::to_string(rank) + " at step " +
                       std::to_string(step) + " (" + where + ")");
+}
+
+std::optional<std::chrono::steady_clock::time_point> FaultInjector::fired_at() const {
+  const int64_t ns = fired_ns_->load();
+  if (!ns) return std::nullopt;
+  return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(ns));
 }
 
 std::string FaultInjector::describe() const {
@@ -77,7 +84,8 @@ void Trainer::remember_step(parallel::Replica& rep, int64_t step) {
 }
 
 bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop) {
-  const auto t0 = std::chrono::steady_clock::now();
+  // From the fault when it was injected (REPLICA_FAULT), else from seeing the failure here.
+  const auto t0 = fault_ && fault_->fired_at() ? *fault_->fired_at() : std::chrono::steady_clock::now();
   // 1. Is it a lost replica we can go on without? One process, one replica failing on its own
   //    (a diverged loss or a bad label fails every replica alike; a hang fails none).
   if (cfg_.parallel.on_replica_failure != "shrink" || group_->processes() > 1) return false;

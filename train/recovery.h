@@ -5,6 +5,7 @@
 // rebuild itself is Trainer::shrink_to_survivors (train/recovery.cpp).
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <cstdint>
 #include <optional>
@@ -42,6 +43,8 @@ class FaultInjector {
   // Throws InjectedFault when (where, rank, step) is the planned fault and it has not fired yet.
   void at(const char* where, int rank, int64_t step);
   std::string describe() const;
+  // When it fired (steady clock), or nullopt: the measured time from a fault to training again.
+  std::optional<std::chrono::steady_clock::time_point> fired_at() const;
 
   int rank = -1;
   int64_t step = 0;
@@ -49,6 +52,7 @@ class FaultInjector {
 
  private:
   std::shared_ptr<std::atomic<bool>> fired_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<int64_t>> fired_ns_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // What one replica keeps of its last completed optimizer step (parallel.on_replica_failure:
