@@ -211,3 +211,50 @@ TEST_F(Nccl, AbortAndTimeOutNameTheRank) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << "nothing hangs";
 }
+
+// The uneven in-place collectives of parallel.shard on device buffers (grouped ncclReduce /
+// ncclBroadcast per owner): the owner's range holds the sum of every rank's values, the rest of
+// its buffer is unchanged, and all_gather_v gives every rank every owner's range. With one GPU
+// the sum is the rank's own value (the plumbing: bounds, offsets, dtypes).
+TEST_F(Nccl, UnevenReduceScatterAndAllGatherOnDeviceBuffers) {
+  GroupOptions o;
+  o.cuda_pool.mode = AllocatorMode::growth;
+  o.cuda_pool.bytes = size_t(64) << 20;
+  o.solo_single_gpu = false;
+  ReplicaGroup group(parse_devices("cuda"), o);
+  const int world = group.world();
+  const size_t n = 100003;
+  std::vector<size_t> bounds{0};
+  for (int r = 1; r < world; ++r) bounds.push_back(n * r / world + (r == 1 ? 17 : 0));
+  bounds.push_back(n);
+  const Device cpu{DeviceKind::cpu, 0};
+  auto value = [](int r, size_t i) { return static_cast<float>((i % 97) + 1000 * (r + 1)); };  // exact sums
+  group.run([&](Replica& rep) {
+    const int r = rep.rank();
+    Tensor d = Tensor::empty(rep.pool(), {static_cast<int64_t>(n)}, DType::f32, MemTag::comm);
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = value(r, i);
+    const Tensor hw = Tensor::wrap(h.data(), d.shape(), DType::f32, cpu);
+    copy_tensor(hw, d, &rep.stream());
+    rep.comm().reduce_scatter_v_async(d.raw(), n, DType::f32, ReduceOp::sum, bounds)->order_before(rep.stream());
+    copy_tensor(d, hw, &rep.stream());
+    rep.stream().synchronize();
+    size_t first = 0;
+    const int64_t wrong = count_wrong(h, [&](size_t i) {
+      if (i < bounds[r] || i >= bounds[r + 1]) return value(r, i);  // not this rank's: untouched
+      float s = 0;
+      for (int q = 0; q < world; ++q) s += value(q, i);
+      return s;
+    }, &first);
+    EXPECT_EQ(wrong, 0) << "rank " << r << ": first wrong element " << first;
+    rep.comm().all_gather_v_async(d.raw(), n, DType::f32, bounds)->order_before(rep.stream());
+    copy_tensor(d, hw, &rep.stream());
+    rep.stream().synchronize();
+    const int64_t wrong2 = count_wrong(h, [&](size_t i) {
+      float s = 0;
+      for (int q = 0; q < world; ++q) s += value(q, i);
+      return s;
+    }, &first);
+    EXPECT_EQ(wrong2, 0) << "rank " << r << " after all_gather_v: first wrong element " << first;
+  });
+}
