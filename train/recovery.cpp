@@ -85,7 +85,10 @@ void Trainer::remember_step(parallel::Replica& rep, int64_t step) {
 
 bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop) {
   // From the fault when it was injected (REPLICA_FAULT), else from seeing the failure here.
-  const auto t0 = fault_ && fault_->fired_at() ? *fault_->fired_at() : std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto seen = Clock::now();
+  const auto t0 = fault_ && fault_->fired_at() ? *fault_->fired_at() : seen;
+  auto since = [](Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); };
   // 1. Is it a lost replica we can go on without? One process, one replica failing on its own
   //    (a diverged loss or a bad label fails every replica alike; a hang fails none).
   if (cfg_.parallel.on_replica_failure != "shrink" || group_->processes() > 1) return false;
@@ -120,7 +123,9 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   for (Tensor* t : keep.opt->state()) opt_state += tensor_to_bytes(*t);
   const int64_t spe = sharding_->steps_per_epoch();
   const std::string path = checkpoint_path(checkpoint_dir(), step);
+  const auto t_write = Clock::now();
   write_checkpoint(compose_checkpoint(keep, buffers, opt_state, step, step / spe, step % spe), path);
+  const double write_s = since(t_write);
   rotate_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last);
   loop.result.last_checkpoint = path;
   while (!loop.result.history.empty() && loop.result.history.back().step > step) loop.result.history.pop_back();
@@ -142,6 +147,7 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
 
   // 4. The group again, on the survivors, resumed from that checkpoint. The old group goes first
   //    (its loaders before its pools), then the new one takes the devices.
+  const auto t_rebuild = Clock::now();
   states_.clear();
   group_.reset();
   try {
@@ -151,21 +157,27 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
                         " replica(s): " + ce.what() + ". Step " + std::to_string(step) + " is checkpointed at " + path +
                         "; resume with --resume " + cfg_.train.run_dir + " and a configuration that fits");
   }
+  const double rebuild_s = since(t_rebuild);
+  const auto t_resume = Clock::now();
   opts_.resume = path;
   const bool print = opts_.print;
   opts_.print = false;  // the lines below say what happened instead of the resume's
   load_resume_point();
   opts_.print = print;
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double resume_s = since(t_resume);
+  const double seconds = since(t0);
+  const double detect_s = std::chrono::duration<double>(seen - t0).count();
 
   // 5. Say so: on the terminal, in metrics.jsonl and in the run report.
   char line[1024];
   std::snprintf(line, sizeof line,
                 "replica %d (%s) lost at step %ld: continuing on %d replica(s) (%s) from step %ld, accumulation "
-                "%d -> %d steps of %ld (global batch %ld kept), checkpoint %s, training again %.2f s after the fault",
+                "%d -> %d steps of %ld (global batch %ld kept), checkpoint %s, training again %.2f s after the fault "
+                "(survivors stopped %.2f s, checkpoint %.2f s, new group %.2f s, resume %.2f s)",
                 lost, lost_device.c_str(), static_cast<long>(step + 1), static_cast<int>(survivors.size()),
                 layout.c_str(), static_cast<long>(step), old_accumulation, accumulation_, static_cast<long>(micro_),
-                static_cast<long>(cfg_.train.global_batch), path.c_str(), seconds);
+                static_cast<long>(cfg_.train.global_batch), path.c_str(), seconds, detect_s, write_s, rebuild_s,
+                resume_s);
   events_.push_back(line);
   log_warn(std::string(e.what()));
   if (opts_.print) std::printf("replica: %s\n", line);
@@ -183,6 +195,10 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
       .field("accumulation", static_cast<int64_t>(accumulation_))
       .field("checkpoint", path)
       .field("recovery_s", seconds)
+      .field("detect_s", detect_s)
+      .field("checkpoint_s", write_s)
+      .field("rebuild_s", rebuild_s)
+      .field("resume_s", resume_s)
       .end_object();
   loop.sinks.event(j.str());
   return true;
