@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "core/json.h"
 #include "core/log.h"
@@ -123,10 +124,31 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   for (Tensor* t : keep.opt->state()) opt_state += tensor_to_bytes(*t);
   const int64_t spe = sharding_->steps_per_epoch();
   const std::string path = checkpoint_path(checkpoint_dir(), step);
+  const Checkpoint ck = compose_checkpoint(keep, buffers, opt_state, step, step / spe, step % spe);
+  // Written on a thread while the new group is built and resumes from the same bytes in memory;
+  // training goes on only once it is on disk (joined below, and on every way out of here).
   const auto t_write = Clock::now();
-  write_checkpoint(compose_checkpoint(keep, buffers, opt_state, step, step / spe, step % spe), path);
-  const double write_s = since(t_write);
-  rotate_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last);
+  double write_s = 0;
+  std::exception_ptr write_error;
+  std::thread writer([&] {
+    try {
+      write_checkpoint(ck, path);
+      rotate_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last);
+    } catch (...) {
+      write_error = std::current_exception();
+    }
+    write_s = since(t_write);
+  });
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{writer};
+  auto written = [&] {
+    if (writer.joinable()) writer.join();
+    if (write_error) std::rethrow_exception(write_error);
+  };
   loop.result.last_checkpoint = path;
   while (!loop.result.history.empty() && loop.result.history.back().step > step) loop.result.history.pop_back();
 
@@ -138,12 +160,14 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   }
   const std::string lost_device = group_->replica(lost).device().str();
   const int old_accumulation = accumulation_;
-  if (static_cast<int64_t>(survivors.size()) < cfg_.parallel.min_replicas)
+  if (static_cast<int64_t>(survivors.size()) < cfg_.parallel.min_replicas) {
+    written();
     throw TrainingError(std::string(e.what()) + "; " + std::to_string(survivors.size()) +
                         " replica(s) left, fewer than parallel.min_replicas " +
                         std::to_string(cfg_.parallel.min_replicas) + ": stopped. Step " + std::to_string(step) +
                         " is checkpointed at " + path + "; resume with --resume " + cfg_.train.run_dir +
                         " on the devices that are left");
+  }
 
   // 4. The group again, on the survivors, resumed from that checkpoint. The old group goes first
   //    (its loaders before its pools), then the new one takes the devices.
@@ -153,6 +177,7 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   try {
     build(devices);
   } catch (const ConfigError& ce) {  // e.g. a fixed micro-batch that cannot keep the global batch
+    written();
     throw TrainingError(std::string(e.what()) + "; cannot continue on " + std::to_string(survivors.size()) +
                         " replica(s): " + ce.what() + ". Step " + std::to_string(step) + " is checkpointed at " + path +
                         "; resume with --resume " + cfg_.train.run_dir + " and a configuration that fits");
@@ -162,9 +187,10 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   opts_.resume = path;
   const bool print = opts_.print;
   opts_.print = false;  // the lines below say what happened instead of the resume's
-  load_resume_point();
+  load_resume_point(&ck);
   opts_.print = print;
   const double resume_s = since(t_resume);
+  written();
   const double seconds = since(t0);
   const double detect_s = std::chrono::duration<double>(seen - t0).count();
 
@@ -173,7 +199,8 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   std::snprintf(line, sizeof line,
                 "replica %d (%s) lost at step %ld: continuing on %d replica(s) (%s) from step %ld, accumulation "
                 "%d -> %d steps of %ld (global batch %ld kept), checkpoint %s, training again %.2f s after the fault "
-                "(survivors stopped %.2f s, checkpoint %.2f s, new group %.2f s, resume %.2f s)",
+                "(survivors stopped %.2f s; checkpoint written in %.2f s while the new group took %.2f s and the "
+                "resume %.2f s)",
                 lost, lost_device.c_str(), static_cast<long>(step + 1), static_cast<int>(survivors.size()),
                 layout.c_str(), static_cast<long>(step), old_accumulation, accumulation_, static_cast<long>(micro_),
                 static_cast<long>(cfg_.train.global_batch), path.c_str(), seconds, detect_s, write_s, rebuild_s,

@@ -135,8 +135,9 @@ class Trainer {
   // optimizer state `opt_state`, at the given data position.
   Checkpoint compose_checkpoint(const State& st, const std::vector<std::string>& buffers, const std::string& opt_state,
                                 int64_t global_step, int64_t epoch, int64_t step_in_epoch) const;
-  // Loads the newest valid checkpoint (falling back with a warning past damaged ones).
-  void load_resume_point();
+  // Loads the newest valid checkpoint (falling back with a warning past damaged ones), or
+  // `in_memory` (named opts_.resume in messages: a shrink's checkpoint, being written meanwhile).
+  void load_resume_point(const Checkpoint* in_memory = nullptr);
   // train/recovery.cpp. After each completed step (and at the start): what a shrink continues from.
   void remember_step(parallel::Replica& rep, int64_t step);
   // parallel.on_replica_failure: shrink, one process: when exactly one replica failed, writes the

@@ -173,10 +173,10 @@ ResumePoint check_resume_point(const Checkpoint& ck, const std::string& file, nn
 }
 }  // namespace
 
-void Trainer::load_resume_point() {
+void Trainer::load_resume_point(const Checkpoint* in_memory) {
   std::vector<std::string> candidates;
   const std::string& where = opts_.resume;
-  if (std::filesystem::is_regular_file(where)) {
+  if (in_memory || std::filesystem::is_regular_file(where)) {
     candidates.push_back(where);
   } else {
     candidates = list_checkpoints(where + "/checkpoints");
@@ -184,13 +184,17 @@ void Trainer::load_resume_point() {
   }
   if (candidates.empty())
     throw ConfigError("--resume " + where + ": no checkpoints (step-*.ckpt) in " + where + "/checkpoints");
-  Checkpoint ck;
+  Checkpoint read;
+  const Checkpoint* ckp = in_memory;
   ResumePoint at;
   std::string used, reasons;
   for (auto& c : candidates) {
     try {
-      ck = read_checkpoint(c);
-      at = check_resume_point(ck, c, *states_[0].model, *states_[0].opt, states_[0].scaler.get(),
+      if (!in_memory) {
+        read = read_checkpoint(c);
+        ckp = &read;
+      }
+      at = check_resume_point(*ckp, c, *states_[0].model, *states_[0].opt, states_[0].scaler.get(),
                               sharding_->steps_per_epoch());
       used = c;
       break;
@@ -207,16 +211,16 @@ void Trainer::load_resume_point() {
   const int old_world = at.world;
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.local_index()];
-    tensor_from_bytes(st.model->params(), ck.sections.at("params").data(), st.model->params().nbytes());
+    tensor_from_bytes(st.model->params(), ckp->sections.at("params").data(), st.model->params().nbytes());
     Tensor& b = st.model->buffers();
     if (old_world == replicas()) {
-      const std::string& mine = ck.sections.at("buffers." + std::to_string(rep.rank()));
+      const std::string& mine = ckp->sections.at("buffers." + std::to_string(rep.rank()));
       tensor_from_bytes(b, mine.data(), mine.size());
     } else {  // another replica count: every replica starts from the average statistics
       std::vector<double> acc(static_cast<size_t>(b.numel()), 0.0);
       std::vector<float> f(acc.size());
       for (int r = 0; r < old_world; ++r) {
-        std::memcpy(f.data(), ck.sections.at("buffers." + std::to_string(r)).data(), f.size() * sizeof(float));
+        std::memcpy(f.data(), ckp->sections.at("buffers." + std::to_string(r)).data(), f.size() * sizeof(float));
         for (size_t i = 0; i < acc.size(); ++i) acc[i] += f[i];
       }
       for (size_t i = 0; i < acc.size(); ++i) f[i] = static_cast<float>(acc[i] / old_world);
@@ -224,7 +228,7 @@ void Trainer::load_resume_point() {
     }
     st.model->refresh_compute_copy();
     // The whole state is in the checkpoint; a sharded replica takes its own range of it.
-    const std::string& opt = ck.sections.at("optimizer");
+    const std::string& opt = ckp->sections.at("optimizer");
     const int64_t lo = st.opt->range_lo(), hi = st.opt->range_hi();
     size_t off = 0;
     for (Tensor* t : st.opt->state()) {
@@ -232,9 +236,9 @@ void Trainer::load_resume_point() {
       off += static_cast<size_t>(st.opt->total()) * sizeof(float);
     }
     st.opt->set_steps(at.optimizer_steps);
-    if (st.scaler && ck.sections.count("scaler")) {
+    if (st.scaler && ckp->sections.count("scaler")) {
       optim::DynamicLossScaler::State ss;
-      std::memcpy(&ss, ck.sections.at("scaler").data(), sizeof ss);
+      std::memcpy(&ss, ckp->sections.at("scaler").data(), sizeof ss);
       st.scaler->restore(ss);
     }
   });

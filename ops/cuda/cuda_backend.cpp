@@ -588,6 +588,25 @@ class CudaBackend final : public Backend {
     cuk::cast(dp(src), dp(dst), src.numel(), stream());
   }
 
+  // [offset, count) segments of `x` as two device arrays (the offsets, then the counts) at the start
+  // of this thread's scratch, with `extra` bytes after them for the caller's results; a segment
+  // past the end of x is a ShapeError naming `who`. From pageable memory: staged at once, no wait
+  // for the stream's earlier work.
+  int64_t* upload_segments(const std::vector<std::pair<int64_t, int64_t>>& segments, const Tensor& x, const char* who,
+                           size_t extra) {
+    const size_t n = segments.size();
+    std::vector<int64_t> oc(2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      if (segments[i].first < 0 || segments[i].first + segments[i].second > x.numel())
+        throw ShapeError(std::string(who) + ": segment past the end of " + x.str());
+      oc[i] = segments[i].first;
+      oc[n + i] = segments[i].second;
+    }
+    auto* d = static_cast<int64_t*>(state().get_scratch(oc.size() * sizeof(int64_t) + extra));
+    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream()));
+    return d;
+  }
+
   double sum_squares(const Tensor& x) override {
     require_f32(x, "sum_squares");
     auto& ts = state();
@@ -604,18 +623,9 @@ class CudaBackend final : public Backend {
     const int n = static_cast<int>(segments.size());
     std::vector<double> out(segments.size());
     if (n == 0) return out;
-    std::vector<int64_t> oc(2 * segments.size());
-    for (int i = 0; i < n; ++i) {
-      if (segments[i].first < 0 || segments[i].first + segments[i].second > x.numel())
-        throw ShapeError("segment_sum_squares: segment past the end of " + x.str());
-      oc[i] = segments[i].first;
-      oc[n + i] = segments[i].second;
-    }
-    auto& ts = state();
     cudaStream_t s = stream();
-    int64_t* d = static_cast<int64_t*>(ts.get_scratch(oc.size() * sizeof(int64_t) + out.size() * sizeof(double)));
-    double* res = reinterpret_cast<double*>(d + oc.size());
-    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    int64_t* d = upload_segments(segments, x, "segment_sum_squares", out.size() * sizeof(double));
+    double* res = reinterpret_cast<double*>(d + 2 * n);
     cuk::segment_sum_squares(x.data<float>(), d, d + n, n, res, s);
     note_host_sync();
     REPLICA_CUDA_CHECK(cudaMemcpyAsync(out.data(), res, out.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
@@ -650,18 +660,9 @@ class CudaBackend final : public Backend {
     const int n = static_cast<int>(segments.size());
     if (out.numel() < n) throw ShapeError("segment_sum_squares_into: " + out.str() + " holds too few sums");
     if (n == 0) return;
-    std::vector<int64_t> oc(2 * segments.size());
-    for (int i = 0; i < n; ++i) {
-      if (segments[i].first < 0 || segments[i].first + segments[i].second > x.numel())
-        throw ShapeError("segment_sum_squares_into: segment past the end of " + x.str());
-      oc[i] = segments[i].first;
-      oc[n + i] = segments[i].second;
-    }
-    auto& ts = state();
     cudaStream_t s = stream();
-    int64_t* d = static_cast<int64_t*>(ts.get_scratch(oc.size() * sizeof(int64_t) + n * sizeof(double)));
-    double* res = reinterpret_cast<double*>(d + oc.size());
-    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    int64_t* d = upload_segments(segments, x, "segment_sum_squares_into", n * sizeof(double));
+    double* res = reinterpret_cast<double*>(d + 2 * n);
     cuk::segment_sum_squares(x.data<float>(), d, d + n, n, res, s);
     cuk::doubles_to_floats(res, out.data<float>(), n, s);
   }
@@ -723,18 +724,8 @@ class CudaBackend final : public Backend {
     const int n = static_cast<int>(segments.size());
     if (ratios.numel() < n) throw ShapeError("lars_trust_ratios: " + ratios.str() + " holds too few ratios");
     if (n == 0) return;
-    std::vector<int64_t> oc(2 * segments.size());
-    for (int i = 0; i < n; ++i) {
-      if (segments[i].first < 0 || segments[i].first + segments[i].second > params.numel())
-        throw ShapeError("lars_trust_ratios: segment past the end of " + params.str());
-      oc[i] = segments[i].first;
-      oc[n + i] = segments[i].second;
-    }
-    auto& ts = state();
     cudaStream_t s = stream();
-    auto* d = static_cast<int64_t*>(ts.get_scratch(oc.size() * sizeof(int64_t)));
-    // From pageable memory: staged at once, no wait for the stream's earlier work.
-    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    int64_t* d = upload_segments(segments, params, "lars_trust_ratios", 0);
     cuk::lars_ratios(params.data<float>(), grads.data<float>(), d, d + n, n, trust, wd, eps, ratios.data<float>(), s);
   }
   void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio, float momentum,

@@ -233,29 +233,15 @@ class NcclCommunicator : public Communicator {
   // with an unsharded one to within f32 rounding, not bit for bit (the host and MPI paths are exact).
   WorkHandle reduce_scatter_v_async(void* d, size_t n, DType t, ReduceOp op, const std::vector<size_t>& b) override {
     check_bounds("reduce_scatter_v", n, b);
-    begin("reduce_scatter_v");
-    const size_t es = dtype_size(t);
-    REPLICA_NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < world_; ++r) {
-      if (b[r + 1] == b[r]) continue;
-      char* p = static_cast<char*>(d) + b[r] * es;
-      REPLICA_NCCL_CHECK(ncclReduce(p, p, b[r + 1] - b[r], nccl_type(t), nccl_op(op), r, comm_, stream_));
-    }
-    REPLICA_NCCL_CHECK(ncclGroupEnd());
-    return end("reduce_scatter_v");
+    return per_owner("reduce_scatter_v", d, t, b, [&](char* p, size_t count, int owner) {
+      REPLICA_NCCL_CHECK(ncclReduce(p, p, count, nccl_type(t), nccl_op(op), owner, comm_, stream_));
+    });
   }
   WorkHandle all_gather_v_async(void* d, size_t n, DType t, const std::vector<size_t>& b) override {
     check_bounds("all_gather_v", n, b);
-    begin("all_gather_v");
-    const size_t es = dtype_size(t);
-    REPLICA_NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < world_; ++r) {
-      if (b[r + 1] == b[r]) continue;
-      char* p = static_cast<char*>(d) + b[r] * es;
-      REPLICA_NCCL_CHECK(ncclBroadcast(p, p, b[r + 1] - b[r], nccl_type(t), r, comm_, stream_));
-    }
-    REPLICA_NCCL_CHECK(ncclGroupEnd());
-    return end("all_gather_v");
+    return per_owner("all_gather_v", d, t, b, [&](char* p, size_t count, int owner) {
+      REPLICA_NCCL_CHECK(ncclBroadcast(p, p, count, nccl_type(t), owner, comm_, stream_));
+    });
   }
   WorkHandle barrier_async() override {
     begin("barrier");
@@ -264,6 +250,17 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  // One grouped launch of call(owner's range, its length, owner) for every rank that owns elements.
+  template <typename F>
+  WorkHandle per_owner(const char* what, void* d, DType t, const std::vector<size_t>& b, F call) {
+    begin(what);
+    const size_t es = dtype_size(t);
+    REPLICA_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < world_; ++r)
+      if (b[r + 1] > b[r]) call(static_cast<char*>(d) + b[r] * es, b[r + 1] - b[r], r);
+    REPLICA_NCCL_CHECK(ncclGroupEnd());
+    return end(what);
+  }
   // Orders the collective after the replica's compute work (data produced there): a stream wait
   // on a preallocated event, no host synchronisation.
   void begin(const char* what) {

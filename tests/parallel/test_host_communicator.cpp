@@ -12,29 +12,14 @@
 #include "parallel/host/host_communicator.h"
 #include "parallel/replica_group.h"
 #include "parallel/solo_communicator.h"
+#include "support/on_ranks.h"
 
 using namespace replica;
 using namespace replica::parallel;
 
 namespace {
 
-// Runs fn(rank, comm) on `world` threads.
-void on_ranks(std::vector<std::unique_ptr<Communicator>>& comms,
-              const std::function<void(int, Communicator&)>& fn) {
-  std::vector<std::thread> ts;
-  std::vector<std::exception_ptr> errs(comms.size());
-  for (size_t r = 0; r < comms.size(); ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(static_cast<int>(r), *comms[r]);
-      } catch (...) {
-        errs[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
-}
+using replica::testing::on_ranks;
 
 float value(int rank, size_t i) { return std::sin(0.37f * static_cast<float>(i) + rank) * (rank + 1); }
 

@@ -17,9 +17,11 @@
 #include "parallel/shard_plan.h"
 #include "parallel/solo_communicator.h"
 #include "parallel/staged_communicator.h"
+#include "support/on_ranks.h"
 
 using namespace replica;
 using namespace replica::parallel;
+using replica::testing::on_ranks;
 
 namespace {
 
@@ -58,22 +60,6 @@ std::vector<std::unique_ptr<Communicator>> make(Kind k, int world) {
       out.push_back(std::make_unique<DefaultsOnly>(std::move(h)));
   }
   return out;
-}
-
-void on_ranks(std::vector<std::unique_ptr<Communicator>>& comms, const std::function<void(int, Communicator&)>& fn) {
-  std::vector<std::thread> ts;
-  std::vector<std::exception_ptr> errs(comms.size());
-  for (size_t r = 0; r < comms.size(); ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(static_cast<int>(r), *comms[r]);
-      } catch (...) {
-        errs[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
 }
 
 // Uneven cuts of [0, n) for `world` ranks, some of them empty, none aligned.

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "core/errors.h"
+#include "support/scratch.h"
 #include "train/checkpoint.h"
 #include "train/recovery.h"
 #include "train/trainer.h"
@@ -22,17 +23,8 @@ using namespace replica::train;
 
 namespace {
 
-std::string dir_for(const std::string& name) {
-  std::string d = ::testing::TempDir() + "/recovery_" + name;
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d;
-}
+std::string dir_for(const std::string& name) { return replica::testing::fresh_dir("recovery_", name); }
 
-std::string file_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
 
 // 480 samples, global batch 48: 10 steps an epoch.
 std::vector<std::string> sets_for(const std::string& d, int replicas, int64_t steps, std::vector<std::string> extra = {}) {
@@ -63,7 +55,7 @@ Ran run(const std::vector<std::string>& sets, const std::string& fault = "", con
   Trainer t(parse_config("", "test", sets), o);
   Ran r;
   r.fit = t.fit();
-  r.model_bin = file_text(t.config().train.run_dir + "/model.bin");
+  r.model_bin = replica::testing::file_bytes(t.config().train.run_dir + "/model.bin");
   const Tensor& p = t.model(0).params();
   r.params.assign(p.data<float>(), p.data<float>() + p.numel());
   return r;
@@ -132,7 +124,7 @@ TEST(Recovery, ShrinkAfterALostReplicaMatchesTheResumeOnTheSurvivors) {
                                                    << " + 2 replicas resumed from it";
     EXPECT_EQ(shrunk.params, ref.params);
     expect_every_checkpoint_reads(d);
-    const std::string metrics = file_text(d + "/metrics.jsonl");
+    const std::string metrics = replica::testing::file_bytes(d + "/metrics.jsonl");
     EXPECT_NE(metrics.find(checkpoint_path(d + "/checkpoints", c.completed)), std::string::npos)
         << "the step the survivors continued from was checkpointed";
     EXPECT_NE(metrics.find("\"event\":\"replica_lost\""), std::string::npos) << metrics.substr(0, 400);

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "support/scratch.h"
 #include "support/compare.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -21,18 +22,8 @@ using namespace replica::train;
 
 namespace {
 
-std::string dir_for(const std::string& name) {
-  std::string d = ::testing::TempDir() + "/shard_" + name;
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d;
-}
+std::string dir_for(const std::string& name) { return replica::testing::fresh_dir("shard_", name); }
 
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << path;
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
 
 struct Outcome {
   FitResult fit;
@@ -61,7 +52,7 @@ Outcome run(const std::vector<std::string>& sets, const std::string& resume = ""
   Trainer t(parse_config("", "test", sets), o);
   Outcome r;
   r.fit = t.fit();
-  r.model_bin = file_bytes(t.config().train.run_dir + "/model.bin");
+  r.model_bin = replica::testing::file_bytes(t.config().train.run_dir + "/model.bin");
   r.checkpoint = read_checkpoint(r.fit.last_checkpoint).sections;
   r.checkpoint.erase("config");
   const Tensor& p = t.model(0).params();
