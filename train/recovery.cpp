@@ -84,89 +84,144 @@ void Trainer::remember_step(parallel::Replica& rep, int64_t step) {
   st.memory.step = step;
 }
 
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+
+// A checkpoint written on its own thread; wait() rethrows its failure, and the destructor joins,
+// so no way out of a shrink leaves the file half-written behind a running thread.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const Checkpoint& ck, std::string path, std::string dir, int keep)
+      : t0_(Clock::now()), thread_([this, &ck, path = std::move(path), dir = std::move(dir), keep] {
+          try {
+            write_checkpoint(ck, path);
+            rotate_checkpoints(dir, keep);
+          } catch (...) {
+            error_ = std::current_exception();
+          }
+          seconds_ = since(t0_);
+        }) {}
+  ~CheckpointWriter() {
+    if (thread_.joinable()) thread_.join();
+  }
+  double wait() {
+    if (thread_.joinable()) thread_.join();
+    if (error_) std::rethrow_exception(error_);
+    return seconds_;
+  }
+
+ private:
+  Clock::time_point t0_;
+  std::exception_ptr error_;
+  double seconds_ = 0;
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
+// What a shrink did, for the terminal, metrics.jsonl and the run report.
+struct ShrinkRecord {
+  int lost = -1, world_before = 0, world_after = 0, accumulation_before = 0, accumulation_after = 0;
+  int64_t step = 0, micro = 0, global_batch = 0;
+  std::string lost_device, layout, checkpoint, cause;
+  double total_s = 0, detect_s = 0, write_s = 0, rebuild_s = 0, resume_s = 0;
+
+  std::string line() const {
+    char b[1024];
+    std::snprintf(b, sizeof b,
+                  "replica %d (%s) lost at step %ld: continuing on %d replica(s) (%s) from step %ld, accumulation "
+                  "%d -> %d steps of %ld (global batch %ld kept), checkpoint %s, training again %.2f s after the "
+                  "fault (survivors stopped %.2f s; checkpoint written in %.2f s while the new group took %.2f s and "
+                  "the resume %.2f s)",
+                  lost, lost_device.c_str(), static_cast<long>(step + 1), world_after, layout.c_str(),
+                  static_cast<long>(step), accumulation_before, accumulation_after, static_cast<long>(micro),
+                  static_cast<long>(global_batch), checkpoint.c_str(), total_s, detect_s, write_s, rebuild_s,
+                  resume_s);
+    return b;
+  }
+  std::string json() const {
+    JsonWriter j;
+    j.begin_object()
+        .field("kind", "event")
+        .field("event", "replica_lost")
+        .field("step", step)
+        .field("lost_rank", static_cast<int64_t>(lost))
+        .field("lost_device", lost_device)
+        .field("cause", cause)
+        .field("world_before", static_cast<int64_t>(world_before))
+        .field("world_after", static_cast<int64_t>(world_after))
+        .field("devices", layout)
+        .field("accumulation", static_cast<int64_t>(accumulation_after))
+        .field("checkpoint", checkpoint)
+        .field("recovery_s", total_s)
+        .field("detect_s", detect_s)
+        .field("checkpoint_s", write_s)
+        .field("rebuild_s", rebuild_s)
+        .field("resume_s", resume_s)
+        .end_object();
+    return j.str();
+  }
+};
+}  // namespace
+
+// The last step every survivor completed, with every replica's statistics (the lost one's own
+// when it finished that step too, else a survivor's), so resuming on the survivors is the
+// ordinary resume on another replica count.
+Checkpoint Trainer::last_step_checkpoint(const std::vector<int>& survivors, int64_t step) const {
+  const State& keep = states_[survivors.front()];
+  std::vector<std::string> buffers;
+  for (const State& st : states_) buffers.push_back(tensor_to_bytes((st.memory.step == step ? st : keep).memory.buffers));
+  std::string opt_state;
+  for (Tensor* t : keep.opt->state()) opt_state += tensor_to_bytes(*t);
+  const int64_t spe = sharding_->steps_per_epoch();
+  return compose_checkpoint(keep, buffers, opt_state, step, step / spe, step % spe);
+}
+
 bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop) {
-  // From the fault when it was injected (REPLICA_FAULT), else from seeing the failure here.
-  using Clock = std::chrono::steady_clock;
-  const auto seen = Clock::now();
-  const auto t0 = fault_ && fault_->fired_at() ? *fault_->fired_at() : seen;
-  auto since = [](Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); };
   // 1. Is it a lost replica we can go on without? One process, one replica failing on its own
   //    (a diverged loss or a bad label fails every replica alike; a hang fails none).
   if (cfg_.parallel.on_replica_failure != "shrink" || group_->processes() > 1) return false;
-  if (group_->last_failures().size() != 1) return false;
-  const int lost = group_->last_failures().front();
-  const int old_world = group_->world();
+  if (group_->last_failures().size() != 1 || group_->size() < 2) return false;
+  const auto seen = Clock::now();
+  const auto t0 = fault_ && fault_->fired_at() ? *fault_->fired_at() : seen;  // REPLICA_FAULT's throw
+  ShrinkRecord r;
+  r.cause = e.what();
+  r.lost = group_->last_failures().front();
+  r.lost_device = group_->replica(r.lost).device().str();
+  r.world_before = group_->world();
+  r.accumulation_before = accumulation_;
   std::vector<int> survivors;
-  for (int i = 0; i < group_->size(); ++i)
-    if (group_->replica(i).rank() != lost) survivors.push_back(i);
-  if (survivors.empty()) return false;
+  std::vector<Device> devices;
+  for (int i = 0; i < group_->size(); ++i) {
+    if (group_->replica(i).rank() == r.lost) continue;
+    survivors.push_back(i);
+    devices.push_back(group_->replica(i).device());
+    r.layout += (r.layout.empty() ? "" : ",") + devices.back().str();
+  }
+  r.world_after = static_cast<int>(survivors.size());
 
   // 2. The last step every survivor completed: their parameters, optimizer state and scaler are
   //    that step's (the update comes after every collective of a step, so a step no survivor
   //    finished changed none of them).
-  const State& keep = states_[survivors.front()];
-  const int64_t step = keep.memory.step;
+  r.step = states_[survivors.front()].memory.step;
   for (int i : survivors)
-    if (states_[i].memory.step != step)
-      throw TrainingError(std::string(e.what()) + "; the survivors stopped at different steps (" +
-                          std::to_string(step) + " and " + std::to_string(states_[i].memory.step) +
-                          "), so no consistent state is left to shrink to");
+    if (states_[i].memory.step != r.step)
+      throw TrainingError(r.cause + "; the survivors stopped at different steps (" + std::to_string(r.step) + " and " +
+                          std::to_string(states_[i].memory.step) + "), so no consistent state is left to shrink to");
 
-  // 3. That step as a checkpoint, with every replica's statistics (the lost one's own when it
-  //    finished the step too, else a survivor's), so resuming on the survivors is the ordinary
-  //    resume on another replica count.
-  std::vector<std::string> buffers;
-  for (int i = 0; i < group_->size(); ++i) {
-    const State& st = states_[i].memory.step == step ? states_[i] : keep;
-    buffers.push_back(tensor_to_bytes(st.memory.buffers));
-  }
-  std::string opt_state;
-  for (Tensor* t : keep.opt->state()) opt_state += tensor_to_bytes(*t);
-  const int64_t spe = sharding_->steps_per_epoch();
-  const std::string path = checkpoint_path(checkpoint_dir(), step);
-  const Checkpoint ck = compose_checkpoint(keep, buffers, opt_state, step, step / spe, step % spe);
-  // Written on a thread while the new group is built and resumes from the same bytes in memory;
-  // training goes on only once it is on disk (joined below, and on every way out of here).
-  const auto t_write = Clock::now();
-  double write_s = 0;
-  std::exception_ptr write_error;
-  std::thread writer([&] {
-    try {
-      write_checkpoint(ck, path);
-      rotate_checkpoints(checkpoint_dir(), cfg_.checkpoint.keep_last);
-    } catch (...) {
-      write_error = std::current_exception();
-    }
-    write_s = since(t_write);
-  });
-  struct Join {
-    std::thread& t;
-    ~Join() {
-      if (t.joinable()) t.join();
-    }
-  } join{writer};
-  auto written = [&] {
-    if (writer.joinable()) writer.join();
-    if (write_error) std::rethrow_exception(write_error);
-  };
-  loop.result.last_checkpoint = path;
-  while (!loop.result.history.empty() && loop.result.history.back().step > step) loop.result.history.pop_back();
-
-  std::vector<Device> devices;
-  std::string layout;
-  for (int i : survivors) {
-    devices.push_back(group_->replica(i).device());
-    layout += (layout.empty() ? "" : ",") + devices.back().str();
-  }
-  const std::string lost_device = group_->replica(lost).device().str();
-  const int old_accumulation = accumulation_;
-  if (static_cast<int64_t>(survivors.size()) < cfg_.parallel.min_replicas) {
-    written();
-    throw TrainingError(std::string(e.what()) + "; " + std::to_string(survivors.size()) +
-                        " replica(s) left, fewer than parallel.min_replicas " +
-                        std::to_string(cfg_.parallel.min_replicas) + ": stopped. Step " + std::to_string(step) +
-                        " is checkpointed at " + path + "; resume with --resume " + cfg_.train.run_dir +
-                        " on the devices that are left");
+  // 3. That step as a checkpoint, written while the new group is built (4) and resumed from in
+  //    memory; training goes on only once it is on disk.
+  const Checkpoint ck = last_step_checkpoint(survivors, r.step);
+  r.checkpoint = checkpoint_path(checkpoint_dir(), r.step);
+  CheckpointWriter writer(ck, r.checkpoint, checkpoint_dir(), cfg_.checkpoint.keep_last);
+  loop.result.last_checkpoint = r.checkpoint;
+  while (!loop.result.history.empty() && loop.result.history.back().step > r.step) loop.result.history.pop_back();
+  const std::string resume_hint = " Step " + std::to_string(r.step) + " is checkpointed at " + r.checkpoint +
+                                  "; resume with --resume " + cfg_.train.run_dir;
+  if (r.world_after < cfg_.parallel.min_replicas) {
+    writer.wait();
+    throw TrainingError(r.cause + "; " + std::to_string(r.world_after) + " replica(s) left, fewer than " +
+                        "parallel.min_replicas " + std::to_string(cfg_.parallel.min_replicas) + ": stopped." +
+                        resume_hint + " on the devices that are left");
   }
 
   // 4. The group again, on the survivors, resumed from that checkpoint. The old group goes first
@@ -177,57 +232,30 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   try {
     build(devices);
   } catch (const ConfigError& ce) {  // e.g. a fixed micro-batch that cannot keep the global batch
-    written();
-    throw TrainingError(std::string(e.what()) + "; cannot continue on " + std::to_string(survivors.size()) +
-                        " replica(s): " + ce.what() + ". Step " + std::to_string(step) + " is checkpointed at " + path +
-                        "; resume with --resume " + cfg_.train.run_dir + " and a configuration that fits");
+    writer.wait();
+    throw TrainingError(r.cause + "; cannot continue on " + std::to_string(r.world_after) + " replica(s): " +
+                        ce.what() + "." + resume_hint + " and a configuration that fits");
   }
-  const double rebuild_s = since(t_rebuild);
+  r.rebuild_s = since(t_rebuild);
   const auto t_resume = Clock::now();
-  opts_.resume = path;
+  opts_.resume = r.checkpoint;
   const bool print = opts_.print;
   opts_.print = false;  // the lines below say what happened instead of the resume's
   load_resume_point(&ck);
   opts_.print = print;
-  const double resume_s = since(t_resume);
-  written();
-  const double seconds = since(t0);
-  const double detect_s = std::chrono::duration<double>(seen - t0).count();
+  r.resume_s = since(t_resume);
+  r.write_s = writer.wait();
+  r.total_s = since(t0);
+  r.detect_s = std::chrono::duration<double>(seen - t0).count();
+  r.accumulation_after = accumulation_;
+  r.micro = micro_;
+  r.global_batch = cfg_.train.global_batch;
 
   // 5. Say so: on the terminal, in metrics.jsonl and in the run report.
-  char line[1024];
-  std::snprintf(line, sizeof line,
-                "replica %d (%s) lost at step %ld: continuing on %d replica(s) (%s) from step %ld, accumulation "
-                "%d -> %d steps of %ld (global batch %ld kept), checkpoint %s, training again %.2f s after the fault "
-                "(survivors stopped %.2f s; checkpoint written in %.2f s while the new group took %.2f s and the "
-                "resume %.2f s)",
-                lost, lost_device.c_str(), static_cast<long>(step + 1), static_cast<int>(survivors.size()),
-                layout.c_str(), static_cast<long>(step), old_accumulation, accumulation_, static_cast<long>(micro_),
-                static_cast<long>(cfg_.train.global_batch), path.c_str(), seconds, detect_s, write_s, rebuild_s,
-                resume_s);
-  events_.push_back(line);
-  log_warn(std::string(e.what()));
-  if (opts_.print) std::printf("replica: %s\n", line);
-  JsonWriter j;
-  j.begin_object()
-      .field("kind", "event")
-      .field("event", "replica_lost")
-      .field("step", step)
-      .field("lost_rank", static_cast<int64_t>(lost))
-      .field("lost_device", lost_device)
-      .field("cause", std::string(e.what()))
-      .field("world_before", static_cast<int64_t>(old_world))
-      .field("world_after", static_cast<int64_t>(survivors.size()))
-      .field("devices", layout)
-      .field("accumulation", static_cast<int64_t>(accumulation_))
-      .field("checkpoint", path)
-      .field("recovery_s", seconds)
-      .field("detect_s", detect_s)
-      .field("checkpoint_s", write_s)
-      .field("rebuild_s", rebuild_s)
-      .field("resume_s", resume_s)
-      .end_object();
-  loop.sinks.event(j.str());
+  events_.push_back(r.line());
+  log_warn(r.cause);
+  if (opts_.print) std::printf("replica: %s\n", events_.back().c_str());
+  loop.sinks.event(r.json());
   return true;
 }
 

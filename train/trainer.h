@@ -145,6 +145,7 @@ class Trainer {
   // (returns true); false when the failure is not one to shrink past. Throws TrainingError below
   // parallel.min_replicas (after the checkpoint).
   bool shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop);
+  Checkpoint last_step_checkpoint(const std::vector<int>& survivors, int64_t step) const;
   // REPLICA_FAULT's hook (a no-op without it): replica `rep` at `where` of its running step.
   void fault_point(parallel::Replica& rep, const char* where);
   std::string checkpoint_dir() const;
