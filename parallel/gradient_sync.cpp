@@ -217,6 +217,17 @@ void GradientSync::finish(Stream* order) {
   if (o_.rebuild && !rebuild_done_ && observed_.size() == offsets_.size()) rebuild_pending_ = true;
 }
 
+void GradientSync::drain() {
+  for (auto& b : buckets_) {
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (const std::exception&) {  // an aborted group: the failure was already reported
+    }
+    b.work = nullptr;
+  }
+}
+
 void GradientSync::check() const {
   for (const auto& b : buckets_)
     if (b.work) b.work->check();

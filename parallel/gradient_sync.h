@@ -76,6 +76,9 @@ class GradientSync {
   void finish(Stream* order = nullptr);
   // Throws if a collective of the last finish() has failed or timed out (see Work::check).
   void check() const;
+  // Waits for every launched bucket's collective to end, ignoring failures (after an abort,
+  // before the gradient buffer is freed).
+  void drain();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int launched_during_backward() const { return launched_early_; }

@@ -227,6 +227,8 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   // 4. The group again, on the survivors, resumed from that checkpoint. The old group goes first
   //    (its loaders before its pools), then the new one takes the devices.
   const auto t_rebuild = Clock::now();
+  for (auto& st : states_)  // no collective of the old group may still read a buffer freed below
+    if (st.step) st.step->drain();
   states_.clear();
   group_.reset();
   try {

@@ -107,6 +107,9 @@ class ReplicaStep {
   const parallel::GradientSync& sync() const { return *sync_; }
   const PhaseSeconds& phases() const { return phases_; }
   const parallel::ShardPlan& shard_plan() const { return o_.shard; }
+  // Waits until no collective of this replica's last step is still running (they have failed
+  // or finished), ignoring their errors: before the buffers go, after the group was aborted.
+  void drain() { sync_->drain(); }
 
  private:
   parallel::Replica& rep_;

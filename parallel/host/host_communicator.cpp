@@ -202,15 +202,20 @@ class HostCommunicator : public Communicator {
     queue_.run_here([&] { run(s); });
   }
 
-  void check_match(const Slot& mine) {
+  // Every rank checks every slot against rank 0's, so all of them reach the same verdict after
+  // the opening barrier and none touches another rank's buffer when one rank issued something
+  // else (that rank may already have thrown and freed it).
+  void check_match() {
     const Slot& r0 = state_->slot(0);
-    if (r0.kind != mine.kind || r0.count != mine.count || r0.dtype != mine.dtype ||
-        r0.op != mine.op || r0.root != mine.root || r0.bounds != mine.bounds) {
-      std::string msg = "host communicator: rank " + std::to_string(rank_) + " issued " +
-                        kind_name(mine.kind) + "(" + std::to_string(mine.count) + " x " +
-                        dtype_name(mine.dtype) + ") while rank 0 issued " + kind_name(r0.kind) + "(" +
-                        std::to_string(r0.count) + " x " + dtype_name(r0.dtype) +
-                        (r0.bounds != mine.bounds ? ", with other bounds" : "") +
+    for (int r = 1; r < size(); ++r) {
+      const Slot& other = state_->slot(r);
+      if (r0.kind == other.kind && r0.count == other.count && r0.dtype == other.dtype && r0.op == other.op &&
+          r0.root == other.root && r0.bounds == other.bounds)
+        continue;
+      std::string msg = "host communicator: rank " + std::to_string(r) + " issued " + kind_name(other.kind) + "(" +
+                        std::to_string(other.count) + " x " + dtype_name(other.dtype) + ") while rank 0 issued " +
+                        kind_name(r0.kind) + "(" + std::to_string(r0.count) + " x " + dtype_name(r0.dtype) +
+                        (r0.bounds != other.bounds ? ", with other bounds" : "") +
                         "): collectives must be issued in the same order on every rank";
       state_->abort(msg);
       throw CommError(msg);
@@ -332,7 +337,7 @@ class HostCommunicator : public Communicator {
     if (state_->aborted()) throw CommError(state_->why());
     state_->slot(rank_) = s;
     state_->barrier(rank_, what);
-    check_match(s);
+    check_match();
     const size_t esz = dtype_size(s.dtype);
     std::vector<const void*> srcs(R);
     for (int r = 0; r < R; ++r) srcs[r] = state_->slot(r).send;
