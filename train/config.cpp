@@ -430,8 +430,11 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
     throw ConfigError(source + ": data.pad_crop is for the in-memory data sets; a " + c.data.dataset +
                       " data set crops with data.crop_scale and data.crop_ratio (RandomResizedCrop)");
   if (!c.parallel.preempt_file.empty()) {
-    const auto dir = std::filesystem::absolute(c.parallel.preempt_file).parent_path();
-    if (!std::filesystem::is_directory(dir))
+    // error_code forms: a name too long or otherwise unusable is this ConfigError, not a
+    // filesystem_error from deep inside (the config fuzz target feeds arbitrary names here).
+    std::error_code ec;
+    const auto dir = std::filesystem::absolute(c.parallel.preempt_file, ec).parent_path();
+    if (ec || !std::filesystem::is_directory(dir, ec))
       throw ConfigError(source + ": parallel.preempt_file: " + c.parallel.preempt_file + " is in " + dir.string() +
                         ", which is not a directory; the notice file must be able to appear there (create it, or "
                         "name a file in an existing directory)");
