@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "core/memory_pool.h"
 #include "core/pools.h"
+#include "ops/cpu/isa.h"
 #include "ops/cuda/cuda_backend.h"
 #include "parallel/mpi/mpi_communicator.h"
 #include "parallel/nccl/nccl_communicator.h"
@@ -54,6 +55,7 @@ int cmd_devices(const std::string& config, const std::vector<std::string>& sets)
   auto cpu = cpu_device_info(0);
   std::printf("CPU: %s, %d cores, %s memory (%s available)\n", cpu.name.c_str(), host_core_count(),
               format_bytes(cpu.total_memory).c_str(), format_bytes(cpu.free_memory).c_str());
+  std::printf("  kernels: %s\n", ops::cpu_kernel_report().c_str());
   std::printf("This configuration (%s) uses %zu replica(s):\n", cfg.parallel.devices.c_str(), devices.size());
   for (auto& d : devices) {
     const PoolOptions o = train::pool_options(cfg.memory, d.kind);
@@ -360,6 +362,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    // The CPU kernel copy is chosen before any work, so an unusable REPLICA_CPU_ISA is reported
+    // at once rather than after the data is read.
+    if (!*c.devices) ops::cpu_kernel_variant();
     return dispatch(c, a);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "replica: error: %s\n", e.what());

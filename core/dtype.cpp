@@ -17,6 +17,8 @@ namespace replica {
 
 #ifdef REPLICA_X86_DISPATCH
 namespace {
+// F16C with AVX, and allowed by REPLICA_CPU_ISA (baseline keeps every conversion scalar).
+bool f16c_enabled() { return cpu_has_f16c() && cpu_isa_enabled(CpuIsa::avx2); }
 // f16 <-> f32 by the F16C instructions, compiled for them whatever -march says and entered only
 // when the CPU has them (core/cpu_features.h); the scalar loops below are the fallback and
 // finish the tail. The hardware rounds to nearest even, as float_to_half does (tested).
@@ -36,21 +38,23 @@ __attribute__((target("avx,f16c"))) size_t f16_to_f32_f16c(const Half* s, float*
 // pattern), 16 at a time. NaN is rare, so the blend that quiets it runs only for a block that
 // has one (a compare and a movemask per block otherwise), which makes this loop about a third
 // shorter than the one the compiler vectorises from the scalar code.
+// One vector of 8 floats rounded to bf16 in the low half of each lane. A function with the target
+// attribute of its own (a lambda would not inherit it, and a -march=x86-64-v2 build rejects it).
+__attribute__((target("avx2"), always_inline)) inline __m256i round_bf16_avx2(__m256i x) {
+  const __m256i hi = _mm256_srli_epi32(x, 16);
+  __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), _mm256_and_si256(hi, _mm256_set1_epi32(1))),
+      16);
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  if (!_mm256_testz_si256(nan, nan)) r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  return r;
+}
 __attribute__((target("avx2"))) size_t f32_to_bf16_avx2(const char* s, char* d, size_t n) {
-  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i quiet_bit = _mm256_set1_epi32(0x40);
-  auto round = [&](__m256i x) {
-    const __m256i hi = _mm256_srli_epi32(x, 16);
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_and_si256(hi, one)), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
-    if (!_mm256_testz_si256(nan, nan)) r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet_bit), nan);
-    return r;
-  };
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256i a = round(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 4 * i)));
-    const __m256i b = round(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 4 * i + 32)));
+    const __m256i a = round_bf16_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 4 * i)));
+    const __m256i b = round_bf16_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 4 * i + 32)));
     // packus works per 128-bit lane: a0 b0 a1 b1 -> a0 a1 b0 b1
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * i), packed);
@@ -148,7 +152,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* d = static_cast<Half*>(dst);
     size_t i = 0;
 #ifdef REPLICA_X86_DISPATCH
-    if (cpu_has_f16c()) i = f32_to_f16_f16c(s, d, n);
+    if (f16c_enabled()) i = f32_to_f16_f16c(s, d, n);
 #endif
     for (; i < n; ++i) d[i] = float_to_half(s[i]);
     return;
@@ -158,7 +162,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* d = static_cast<float*>(dst);
     size_t i = 0;
 #ifdef REPLICA_X86_DISPATCH
-    if (cpu_has_f16c()) i = f16_to_f32_f16c(s, d, n);
+    if (f16c_enabled()) i = f16_to_f32_f16c(s, d, n);
 #endif
     for (; i < n; ++i) d[i] = half_to_float(s[i]);
     return;
@@ -169,7 +173,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* d = static_cast<char*>(dst);
     size_t i = 0;
 #ifdef REPLICA_X86_DISPATCH
-    if (cpu_has_avx2()) i = f32_to_bf16_avx2(s, d, n);
+    if (cpu_isa_enabled(CpuIsa::avx2)) i = f32_to_bf16_avx2(s, d, n);
 #endif
     for (; i < n; ++i) {
       uint32_t x;
@@ -186,7 +190,7 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     auto* d = static_cast<char*>(dst);
     size_t i = 0;
 #ifdef REPLICA_X86_DISPATCH
-    if (cpu_has_avx2()) i = bf16_to_f32_avx2(s, d, n);
+    if (cpu_isa_enabled(CpuIsa::avx2)) i = bf16_to_f32_avx2(s, d, n);
 #endif
     for (; i < n; ++i) {  // bf16_to_float, vectorised
       uint16_t b;

@@ -2,7 +2,7 @@
 #include "ops/backend.h"
 
 #include "core/errors.h"
-#include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/isa.h"
 #include "ops/cuda/cuda_backend.h"
 
 namespace replica::ops {
@@ -60,7 +60,7 @@ PoolGeom PoolGeom::make(const Shape& x, int64_t window, int64_t stride, int64_t 
 
 Backend& backend_for(const Device& d) {
   if (d.kind == DeviceKind::cpu) {
-    static CpuBackend cpu;
+    static Backend& cpu = cpu_kernel_variant().backend();  // chosen once (ops/cpu/isa.h)
     return cpu;
   }
   return cuda_backend();

@@ -16,7 +16,7 @@
 #include "ops/cpu/parallel_for.h"
 #include "ops/cpu/threads.h"
 
-namespace replica::ops {
+namespace replica::ops::REPLICA_CPU_ISA_NS {
 namespace {
 
 using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -280,7 +280,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
                                 MemoryPool& ws) {
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
-  if (direct::serves_forward(g)) return direct_forward(x, w, y, g, ws);
+  if (kIsa >= CpuIsa::avx2 && direct::serves_forward(g)) return direct_forward(x, w, y, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   const Tensor wf = filter_f32(w, ws);
@@ -302,7 +302,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
                                       const ConvGeom& g, MemoryPool& ws) {
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
-  if (direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);
+  if (kIsa >= CpuIsa::avx2 && direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk, HWC = g.H * g.W * g.C;
   const Tensor wf = filter_f32(w, ws);
@@ -333,7 +333,7 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
-  if (direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
+  if (kIsa >= CpuIsa::avx2 && direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   const int T = cp.threads;
@@ -361,4 +361,4 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
 }
 
-}  // namespace replica::ops
+}  // namespace replica::ops::REPLICA_CPU_ISA_NS

@@ -2,10 +2,33 @@
 // by default (data parallelism puts one replica on each core); parallel.intra_op_threads > 1
 // splits a kernel's rows over OpenMP threads (ops/cpu/threads.h), never a sum, so the bits do not
 // depend on the thread count.
+//
+// Compiled once per instruction-set level (ops/CMakeLists.txt: conv.cpp, kernels.cpp and
+// optim_kernels.cpp with -march=x86-64-v2, -v3, -v4), each copy in its own namespace
+// (isa_baseline, isa_avx2, isa_avx512; Eigen renamed the same way), so no inline function of one
+// level can stand in for another's at link time; ops/cpu/isa.h chooses one copy at start-up.
 #pragma once
+#include "core/cpu_features.h"
 #include "ops/backend.h"
 
-namespace replica::ops {
+#ifndef REPLICA_CPU_ISA_NS
+#error "ops/cpu kernels are compiled once per instruction-set level: see REPLICA_CPU_VARIANTS in ops/CMakeLists.txt"
+#endif
+
+namespace replica::ops::REPLICA_CPU_ISA_NS {
+
+// The level this copy was compiled for, from the compiler's own macros.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+inline constexpr CpuIsa kIsa = CpuIsa::avx512;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+inline constexpr CpuIsa kIsa = CpuIsa::avx2;
+#else
+inline constexpr CpuIsa kIsa = CpuIsa::baseline;
+#endif
+
+// This copy's backend (one per process) and level: what ops/cpu/isa.cpp's table holds.
+Backend& cpu_backend();
+CpuIsa cpu_backend_isa();
 
 class CpuBackend : public Backend {
  public:
@@ -81,4 +104,4 @@ class CpuBackend : public Backend {
   static bool unscale_check(const Tensor& grads, float inv_scale);
 };
 
-}  // namespace replica::ops
+}  // namespace replica::ops::REPLICA_CPU_ISA_NS

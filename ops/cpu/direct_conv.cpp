@@ -19,9 +19,10 @@
 namespace replica::ops::direct {
 
 namespace {
+// AVX2 + FMA present and allowed (REPLICA_CPU_ISA=baseline turns the kernel off too).
 bool cpu_has_avx2_fma() {
 #ifdef REPLICA_DIRECT_AVX2
-  return cpu_has_avx2() && cpu_has_fma();
+  return cpu_isa_enabled(CpuIsa::avx2);
 #else
   return false;
 #endif
@@ -80,7 +81,11 @@ void pack_backward_data(const float* w, float* out, const ConvGeom& g) {
 }
 
 #ifdef REPLICA_DIRECT_AVX2
+// The AVX2 code lives in a namespace that says so: the test that checks a portable build for
+// instructions above its baseline (tests/install/check_baseline_isa.sh) allows them only in
+// functions whose names carry the level.
 namespace {
+namespace avx2 {
 
 struct Taps {
   int64_t C, K, R, S, row;  // row: floats from one padded input row to the next
@@ -156,7 +161,9 @@ void filter_taps(const float* xpad, const int64_t* off, const float* dy, const T
   }
 }
 
+}  // namespace avx2
 }  // namespace
+using namespace avx2;
 
 void backward_filter_image(const float* xpad, int64_t Wp, int64_t C, const float* dy, int64_t K, int64_t R,
                            int64_t S, int64_t stride, int64_t P, int64_t Q, float* dw) {

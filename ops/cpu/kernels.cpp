@@ -14,7 +14,7 @@
 #include "ops/cpu/parallel_for.h"
 #include "ops/cpu/threads.h"
 
-namespace replica::ops {
+namespace replica::ops::REPLICA_CPU_ISA_NS {
 namespace {
 
 using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -547,10 +547,6 @@ double CpuBackend::sum_sq(const Tensor& x) {
   return s;
 }
 
-}  // namespace replica::ops
-
-namespace replica::ops {
-
 bool CpuBackend::unscale_check_finite(const Tensor& grads, float inv_scale) {
   note_host_sync();
   return unscale_check(grads, inv_scale);
@@ -572,4 +568,11 @@ bool CpuBackend::unscale_check(const Tensor& grads, float inv_scale) {
   return probe == 0.f;
 }
 
-}  // namespace replica::ops
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+CpuIsa cpu_backend_isa() { return kIsa; }
+
+}  // namespace replica::ops::REPLICA_CPU_ISA_NS

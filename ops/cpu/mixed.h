@@ -17,7 +17,13 @@
 #include "ops/cpu/parallel_for.h"
 #include "ops/cpu/threads.h"
 
-namespace replica::ops {
+#ifndef REPLICA_CPU_ISA_NS
+#error "included only by the per-level CPU kernels (ops/cpu/cpu_backend.h)"
+#endif
+
+// In the level's namespace: inline code compiled with one level's flags must not be linked in
+// place of another's (ops/cpu/cpu_backend.h).
+namespace replica::ops::REPLICA_CPU_ISA_NS {
 
 // How an op uses a tensor.
 struct F32Arg {
@@ -110,4 +116,4 @@ void elementwise_in_f32(std::initializer_list<F32Arg> args, F&& f) {
   });
 }
 
-}  // namespace replica::ops
+}  // namespace replica::ops::REPLICA_CPU_ISA_NS

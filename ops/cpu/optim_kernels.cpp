@@ -5,7 +5,7 @@
 #include "core/errors.h"
 #include "ops/cpu/cpu_backend.h"
 
-namespace replica::ops {
+namespace replica::ops::REPLICA_CPU_ISA_NS {
 namespace {
 void require_f32(std::initializer_list<const Tensor*> ts, const char* who) {
   for (const Tensor* t : ts)
@@ -128,4 +128,4 @@ void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Te
   }
 }
 
-}  // namespace replica::ops
+}  // namespace replica::ops::REPLICA_CPU_ISA_NS

@@ -8,7 +8,13 @@
 #include <omp.h>
 #endif
 
-namespace replica::ops {
+#ifndef REPLICA_CPU_ISA_NS
+#error "included only by the per-level CPU kernels (ops/cpu/cpu_backend.h)"
+#endif
+
+// In the level's namespace: inline code compiled with one level's flags must not be linked in
+// place of another's (ops/cpu/cpu_backend.h).
+namespace replica::ops::REPLICA_CPU_ISA_NS {
 
 // fn(i, thread) for i in [0, n): on `threads` OpenMP threads with a static schedule (thread t
 // takes one contiguous range) when threads > 1 and n > 1, else in order on the calling thread
@@ -26,4 +32,4 @@ void parallel_for(int64_t n, int threads, F&& fn) {
   for (int64_t i = 0; i < n; ++i) fn(i, 0);
 }
 
-}  // namespace replica::ops
+}  // namespace replica::ops::REPLICA_CPU_ISA_NS

@@ -385,3 +385,50 @@ TEST(Cli, VersionNamesTheCommitItWasBuiltFrom) {
   auto v = run("--version");
   EXPECT_NE(v.out.find("(git " + head), std::string::npos) << "HEAD is " << head << ":\n" << v.out;
 }
+
+// Each CPU kernel copy this CPU runs (REPLICA_CPU_ISA, ops/cpu/isa.h) trains deterministically:
+// the same seed on the same level gives the same model.bin, bit for bit; --version names the
+// level in use; a level the value does not name, or one this CPU lacks, is a configuration
+// error (exit 2) naming REPLICA_CPU_ISA and what to set.
+TEST(Cli, EveryCpuLevelIsDeterministicAndForcingOneIsChecked) {
+  const std::string dir = ::testing::TempDir() + "/isa_levels";
+  const std::string common =
+      " --set model.arch=resnet20 --set data.dataset=synthetic --set data.synthetic_shape=[12,12,3]"
+      " --set data.mean=[0.5,0.5,0.5] --set data.std=[0.25,0.25,0.25] --set data.synthetic_size=256 --set train.global_batch=32 --set train.max_steps=3 --set train.eval=false"
+      " --devices cpu:1 --set train.run_dir=";
+  auto model_bytes = [&](const std::string& level, int run_no) {
+    const std::string rd = dir + "/" + level + std::to_string(run_no);
+    std::filesystem::remove_all(rd);
+    auto r = run("train" + common + rd + " --set train.precision=bf16");
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::ifstream in(rd + "/model.bin", std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  std::vector<std::string> models;  // one per level that ran
+  for (const char* level : {"baseline", "avx2", "avx512"}) {
+    ::setenv("REPLICA_CPU_ISA", level, 1);
+    auto v = run("--version");
+    if (v.out.find("this CPU supports up to") == std::string::npos) {  // a level above this CPU, or not built
+      EXPECT_NE(v.out.find("CPU kernels: unusable: REPLICA_CPU_ISA=" + std::string(level)), std::string::npos) << v.out;
+      auto r = run("train" + common + dir + "/refused");
+      EXPECT_EQ(r.code, 2) << r.out;
+      EXPECT_NE(r.out.find("REPLICA_CPU_ISA=" + std::string(level)), std::string::npos) << r.out;
+      continue;
+    }
+    EXPECT_NE(v.out.find("CPU kernels: " + std::string(level) + " ("), std::string::npos) << v.out;
+    const std::string a = model_bytes(level, 1), b = model_bytes(level, 2);
+    EXPECT_GT(a.size(), 1000u) << level;
+    EXPECT_TRUE(a == b) << "two runs on the " << level << " kernels differ";
+    models.push_back(a);
+  }
+  // The variable really changes the path: the levels round differently (FMA, wider sums).
+  if (models.size() >= 2) {
+    EXPECT_TRUE(models.front() != models.back()) << "every level gave the same bits";
+  }
+  ::setenv("REPLICA_CPU_ISA", "avx3", 1);
+  auto r = run("train" + common + dir + "/bogus");
+  ::unsetenv("REPLICA_CPU_ISA");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("REPLICA_CPU_ISA='avx3' is not a level: use baseline, avx2 or avx512"), std::string::npos)
+      << r.out;
+}

@@ -3,14 +3,18 @@
 // of the direct kernels (pixels mod 6, taps mod 6, K = 16 m + 8), strides, paddings, 1x1 and
 // 5x5 filters, and the ResNet-20 layer shapes; forward, backward data and backward filter (+=).
 // The error bound is relative to the sum of |terms| of each output, as f32 accumulation allows.
+// Every case runs on every CPU kernel copy this CPU can run (ops/cpu/isa.h: baseline, avx2,
+// avx512), with the direct kernels on and off where the copy uses them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "ops/backend.h"
 #include "ops/cpu/direct_conv.h"
+#include "ops/cpu/isa.h"
 #include "support/layer_harness.h"
 
 using namespace replica;
@@ -89,17 +93,36 @@ Tensor tensor_of(MemoryPool& pool, const std::vector<float>& v, Shape s) {
 // f32 accumulation of up to a few hundred terms: a few ulps of the sum of |terms|.
 constexpr double kTol = 2e-6;  // measured: at most 2.2e-7 on every case
 
-class ConvKernels : public ::testing::TestWithParam<std::tuple<Geom, bool>> {
+// A kernel path: one copy of the CPU kernels, with the direct kernels allowed or not.
+struct Path {
+  std::string copy;
+  bool direct;
+};
+
+std::vector<Path> paths() {
+  std::vector<Path> p;
+  for (const auto& v : ops::cpu_kernel_variants()) {
+    p.push_back({v.name, false});
+    if (v.isa >= CpuIsa::avx2) p.push_back({v.name, true});  // the copies that use the direct kernels
+  }
+  return p;
+}
+
+class ConvKernels : public ::testing::TestWithParam<std::tuple<Geom, Path>> {
  protected:
   void TearDown() override { ops::direct::set_enabled(true); }
 };
 
 TEST_P(ConvKernels, MatchDoublePrecision) {
-  const auto [c, use_direct] = GetParam();
+  const auto [c, path] = GetParam();
+  const bool use_direct = path.direct;
+  const auto& copies = ops::cpu_kernel_variants();
+  const auto copy = std::find_if(copies.begin(), copies.end(), [&](const auto& v) { return path.copy == v.name; });
+  if (!cpu_isa_supported(copy->isa)) GTEST_SKIP() << "this CPU cannot run the " << path.copy << " kernels";
   const bool had = ops::direct::set_enabled(use_direct);
   if (use_direct && !had) GTEST_SKIP() << "this CPU has no AVX2/FMA: the direct kernels do not run";
   auto pool = replica::testing::test_pool();
-  auto& be = ops::backend_for(pool->device());
+  auto& be = ops::cpu_backend_variant(path.copy);
   const auto g = ops::ConvGeom::make({c.N, c.H, c.W, c.C}, c.K, c.R, c.R, c.stride, c.pad, "test");
   std::mt19937 rng(7);
   const auto x = random_values(g.N * g.H * g.W * g.C, rng), w = random_values(g.K * g.R * g.S * g.C, rng),
@@ -118,8 +141,8 @@ TEST_P(ConvKernels, MatchDoublePrecision) {
   EXPECT_LT(edx, kTol) << "backward data";
   EXPECT_LT(edw, kTol) << "backward filter (+= onto a random gradient)";
   const bool d = use_direct;
-  std::printf("%-28s %s  fwd %.1e (%s)  bwd-data %.1e (%s)  bwd-filter %.1e (%s)\n", name_of(c).c_str(),
-              d ? "direct-capable" : "im2col", ey, d && ops::direct::serves_forward(g) ? "direct" : "im2col", edx,
+  std::printf("%-28s %-8s %s  fwd %.1e (%s)  bwd-data %.1e (%s)  bwd-filter %.1e (%s)\n", name_of(c).c_str(),
+              path.copy.c_str(), d ? "direct-capable" : "im2col", ey, d && ops::direct::serves_forward(g) ? "direct" : "im2col", edx,
               d && ops::direct::serves_backward_data(g) ? "direct" : "im2col", edw,
               d && ops::direct::serves_backward_filter(g) ? "direct" : "im2col");
 }
@@ -139,9 +162,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          Geom{2, 14, 14, 32, 32, 3, 1, 1},  // stage 2
                                          Geom{2, 7, 7, 64, 64, 3, 1, 1},   // stage 3
                                          Geom{1, 28, 28, 72, 80, 3, 1, 1}), // wide: weight gradient in 4 row bands
-                       ::testing::Bool()),
-    [](const ::testing::TestParamInfo<std::tuple<Geom, bool>>& i) {
-      return name_of(std::get<0>(i.param)) + (std::get<1>(i.param) ? "_direct" : "_im2col");
+                       ::testing::ValuesIn(paths())),
+    [](const ::testing::TestParamInfo<std::tuple<Geom, Path>>& i) {
+      const Path& p = std::get<1>(i.param);
+      return name_of(std::get<0>(i.param)) + "_" + p.copy + (p.direct ? "_direct" : "_im2col");
     });
 
 // 16-bit activations reach the direct kernels a chunk at a time (converted to f32 and back):

@@ -302,9 +302,15 @@ TEST(Resume, HalfAndHalfIsBitIdenticalToStraight) {
       EXPECT_EQ(a.scale, b.scale) << precision << " step " << 7 + i;
     }
     if (precision == "fp16") {  // the scaler really moved, on both sides of the split
-      const float at_split = straight.fit.history[6].scale, at_start = straight.fit.history[0].scale;
-      EXPECT_NE(at_split, at_start) << "the scale changed before the split";
-      EXPECT_NE(straight.fit.history[11].scale, at_split) << "and after it";
+      // (a change of scale between consecutive steps: a skip can undo a growth, so the values
+      // at the start, the split and the end may coincide on some CPU kernel copy)
+      auto moved = [&](size_t from, size_t to) {
+        for (size_t i = from; i + 1 < to; ++i)
+          if (straight.fit.history[i].scale != straight.fit.history[i + 1].scale) return true;
+        return false;
+      };
+      EXPECT_TRUE(moved(0, 7)) << "the scale changed before the split";
+      EXPECT_TRUE(moved(6, 12)) << "and after it";
       EXPECT_GT(straight.fit.skipped, 0) << "some steps were skipped";
       EXPECT_EQ(resumed.fit.skipped, straight.fit.skipped) << "the skip count is carried across the resume";
     }

@@ -1,13 +1,19 @@
-// CUDA backend conformance (label gpu): every op, the optimizers and 20 training steps run on the
-// CPU backend and on the CUDA backend with the same inputs, and the CUDA results must match the
-// CPU ones within a tolerance per storage dtype (ggml's test-backend-ops idea). Tolerances are
-// relative to the largest magnitude of the CPU result:
+// Backend conformance (ggml's test-backend-ops idea): every op and the optimizers run on a
+// reference backend and on a candidate with the same inputs, and the candidate's results must
+// match within a tolerance per storage dtype. One suite, two builds of it (tests/CMakeLists.txt):
+//   test_cuda_conformance (label gpu): the candidate is the CUDA backend, the reference the CPU
+//     one, plus 20 training steps on the GPU against the CPU run; skips without a GPU;
+//   test_cpu_variants (label conformance): the candidates are the CPU kernel copies for higher
+//     instruction-set levels (avx2, avx512: ops/cpu/isa.h) this CPU runs, the reference the
+//     baseline copy (which test_ops holds to double-precision references).
+// Tolerances are relative to the largest magnitude of the reference result:
 //   f32  2e-5  (same formulas; only summation order and FMA contraction differ)
 //   f16  4e-3  (one f16 rounding of a differently-ordered f32 result: 2^-11 relative, x2 margin)
 //   bf16 3e-2  (one bf16 rounding: 2^-8 relative, x4 margin)
 // Integer outputs (argmax, correct counts) and casts must agree exactly. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include <cmath>
@@ -17,6 +23,7 @@
 #include "core/pools.h"
 #include "core/tensor.h"
 #include "ops/backend.h"
+#include "ops/cpu/isa.h"
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
 #include "support/compare.h"
@@ -31,13 +38,13 @@ bool have_gpu() { return cuda_compiled() && !cuda_devices().empty(); }
 
 double tol(DType t) { return t == DType::f32 ? 2e-5 : t == DType::f16 ? 4e-3 : 3e-2; }
 
-// One device: its pool and backend.
+// One device: its pool and backend (the device's own, or the given one).
 struct Side {
-  explicit Side(Device d) : device(d) {
+  explicit Side(Device d, ops::Backend* backend = nullptr) : device(d) {
     PoolOptions o;
     o.mode = AllocatorMode::growth;
     pool = make_pool(d, o);
-    be = &ops::backend_for(d);
+    be = backend ? backend : &ops::backend_for(d);
   }
   Tensor put(const std::vector<float>& v, Shape s, DType dt = DType::f32) {
     std::vector<char> bytes(v.size() * dtype_size(dt));
@@ -72,15 +79,41 @@ std::vector<int32_t> host_i32(const Tensor& t) {
   return v;
 }
 
-// Runs `op` on both sides with identical inputs (made by `make` on each side) and compares the
-// outputs it returns.
-class CudaConformance : public ::testing::TestWithParam<DType> {
+// The candidates of this build of the suite: "cuda", or every CPU kernel copy above the lowest.
+std::vector<std::string> candidates() {
+#ifdef REPLICA_CONFORMANCE_CPU_VARIANTS
+  std::vector<std::string> c;
+  for (const auto& v : ops::cpu_kernel_variants())
+    if (v.isa > CpuIsa::baseline) c.push_back(v.name);
+  if (c.empty()) c.push_back("none");  // a native or single-level build: the suite skips
+  return c;
+#else
+  return {"cuda"};
+#endif
+}
+
+// Runs each op on both sides with identical inputs and compares the outputs: `cpu` is the
+// reference, `cand` the candidate.
+class BackendConformance : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
  protected:
   void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
-    cpu = std::make_unique<Side>(Device{DeviceKind::cpu, 0});
-    gpu = std::make_unique<Side>(Device{DeviceKind::cuda, 0});
+    const std::string& c = candidate();
+    if (c == "cuda") {
+      if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+      cpu = std::make_unique<Side>(Device{DeviceKind::cpu, 0});
+      cand = std::make_unique<Side>(Device{DeviceKind::cuda, 0});
+      return;
+    }
+    if (c == "none") GTEST_SKIP() << "this build has one copy of the CPU kernels (built: baseline or native)";
+    const auto& all = ops::cpu_kernel_variants();
+    const auto it = std::find_if(all.begin(), all.end(), [&](const auto& v) { return c == v.name; });
+    ASSERT_NE(it, all.end());
+    if (!cpu_isa_supported(it->isa)) GTEST_SKIP() << "this CPU cannot run the " << c << " kernels";
+    cpu = std::make_unique<Side>(Device{DeviceKind::cpu, 0}, &ops::cpu_backend_variant("baseline"));
+    cand = std::make_unique<Side>(Device{DeviceKind::cpu, 0}, &ops::cpu_backend_variant(c));
   }
+  const std::string& candidate() const { return std::get<0>(GetParam()); }
+  DType dtype() const { return std::get<1>(GetParam()); }
   void expect_close(const char* what, const Tensor& g, const Tensor& c, double t) {
     auto gv = host_floats(g), cv = host_floats(c);
     ASSERT_EQ(gv.size(), cv.size()) << what;
@@ -90,18 +123,19 @@ class CudaConformance : public ::testing::TestWithParam<DType> {
         gv[i] = cv[i] = 0.f;
       }
     const double d = replica::testing::max_rel_diff(gv, cv);
-    EXPECT_LE(d, t) << what << " (" << dtype_name(GetParam()) << "): CUDA differs from CPU by " << d;
-    std::printf("  %-40s %-5s %.2e (tolerance %.0e)\n", what, dtype_name(GetParam()), d, t);
+    EXPECT_LE(d, t) << what << " (" << dtype_name(dtype()) << "): " << candidate() << " differs from the reference by "
+                    << d;
+    std::printf("  %-40s %-6s %-5s %.2e (tolerance %.0e)\n", what, candidate().c_str(), dtype_name(dtype()), d, t);
   }
-  std::unique_ptr<Side> cpu, gpu;
+  std::unique_ptr<Side> cpu, cand;
 };
 
 struct ConvCase {
   int64_t N, H, W, C, K, R, S, stride, pad;
 };
 
-TEST_P(CudaConformance, Convolution) {
-  const DType dt = GetParam();
+TEST_P(BackendConformance, Convolution) {
+  const DType dt = dtype();
   for (ConvCase k : {ConvCase{2, 9, 7, 5, 6, 3, 3, 1, 1}, ConvCase{2, 8, 8, 8, 16, 1, 1, 2, 0},
                      ConvCase{2, 15, 15, 3, 8, 7, 7, 2, 3}, ConvCase{3, 28, 28, 1, 16, 3, 3, 1, 1},
                      ConvCase{2, 14, 14, 64, 64, 3, 3, 2, 1}}) {
@@ -110,7 +144,7 @@ TEST_P(CudaConformance, Convolution) {
     auto dyv = randv(g.N * g.P * g.Q * g.K, 3), dw0 = randv(k.K * k.R * k.S * k.C, 4);
     Tensor y[2], dx[2], dw[2];
     int i = 0;
-    for (Side* s : {cpu.get(), gpu.get()}) {
+    for (Side* s : {cpu.get(), cand.get()}) {
       Tensor x = s->put(xv, {g.N, g.H, g.W, g.C}, dt), w = s->put(wv, {g.K, g.R, g.S, g.C}, dt);
       Tensor dy = s->put(dyv, {g.N, g.P, g.Q, g.K}, dt);
       y[i] = s->empty({g.N, g.P, g.Q, g.K}, dt);
@@ -128,7 +162,7 @@ TEST_P(CudaConformance, Convolution) {
     if (dt != DType::f32) {  // the stem of a 16-bit model: f32 images, 16-bit filter and output
       Tensor ym[2], dwm[2];
       i = 0;
-      for (Side* s : {cpu.get(), gpu.get()}) {
+      for (Side* s : {cpu.get(), cand.get()}) {
         Tensor x = s->put(xv, {g.N, g.H, g.W, g.C}), w = s->put(wv, {g.K, g.R, g.S, g.C}, dt);
         ym[i] = s->empty({g.N, g.P, g.Q, g.K}, dt);
         dwm[i] = s->put(dw0, {g.K, g.R, g.S, g.C});
@@ -142,8 +176,8 @@ TEST_P(CudaConformance, Convolution) {
   }
 }
 
-TEST_P(CudaConformance, BatchNorm) {
-  const DType dt = GetParam();
+TEST_P(BackendConformance, BatchNorm) {
+  const DType dt = dtype();
   for (Shape sh : {Shape{4, 5, 3, 24}, Shape{8, 16, 16, 40}}) {
     const int64_t C = sh[3];
     auto xv = randv(sh.numel(), 5, -2.f, 3.f), dyv = randv(sh.numel(), 6);
@@ -151,7 +185,7 @@ TEST_P(CudaConformance, BatchNorm) {
     auto dg0 = randv(C, 11), db0 = randv(C, 12);
     Tensor out[2][13];
     int i = 0;
-    for (Side* s : {cpu.get(), gpu.get()}) {
+    for (Side* s : {cpu.get(), cand.get()}) {
       Tensor x = s->put(xv, sh, dt), dy = s->put(dyv, sh, dt), gamma = s->put(gv, {C}, dt), beta = s->put(bv, {C}, dt);
       Tensor* o = out[i++];
       o[0] = s->empty(sh, dt);  // y train
@@ -198,8 +232,8 @@ TEST_P(CudaConformance, BatchNorm) {
 // thread on a non-default stream (as a replica thread does): an elementwise tensor of 3 blocks of
 // 4 x 256 elements plus a remainder, softmax over K > 1024 classes, batch norm with C > 32 (more
 // than one channel block) and M large enough for several row blocks.
-TEST_P(CudaConformance, LargeShapesOnAnotherThreadAndStream) {
-  const DType dt = GetParam();
+TEST_P(BackendConformance, LargeShapesOnAnotherThreadAndStream) {
+  const DType dt = dtype();
   const int64_t E = 3 * 4 * 256 + 37;
   const Shape esh{1, 1, 1, E};
   auto av = randv(E, 31), bv = randv(E, 32);
@@ -213,7 +247,7 @@ TEST_P(CudaConformance, LargeShapesOnAnotherThreadAndStream) {
   ops::Backend::LossResult loss[2];
   std::thread worker([&] {
     int i = 0;
-    for (Side* s : {cpu.get(), gpu.get()}) {
+    for (Side* s : {cpu.get(), cand.get()}) {
       auto stream = make_stream(s->device);
       set_current_stream(stream.get());
       Tensor a = s->put(av, esh, dt), b = s->put(bv, esh, dt);
@@ -247,8 +281,8 @@ TEST_P(CudaConformance, LargeShapesOnAnotherThreadAndStream) {
 
 // A non-finite running mean (one fp16 overflow is enough) must not change training-mode outputs,
 // which normalise by the batch's own statistics, on either backend (kernels.cu, bn_shift).
-TEST_P(CudaConformance, NonFiniteRunningMeanLeavesTrainingOutputs) {
-  const DType dt = GetParam();
+TEST_P(BackendConformance, NonFiniteRunningMeanLeavesTrainingOutputs) {
+  const DType dt = dtype();
   const Shape sh{8, 7, 7, 12};
   const int64_t C = sh[3];
   auto xv = randv(sh.numel(), 21, -2.f, 3.f), gv = randv(C, 22, 0.5f, 1.5f), bv = randv(C, 23);
@@ -257,7 +291,7 @@ TEST_P(CudaConformance, NonFiniteRunningMeanLeavesTrainingOutputs) {
   bad[0] = std::numeric_limits<float>::quiet_NaN();
   bad[1] = std::numeric_limits<float>::infinity();
   bad[2] = -std::numeric_limits<float>::infinity();
-  for (Side* s : {cpu.get(), gpu.get()}) {
+  for (Side* s : {cpu.get(), cand.get()}) {
     Tensor x = s->put(xv, sh, dt), gamma = s->put(gv, {C}, dt), beta = s->put(bv, {C}, dt);
     Tensor y[2];
     int i = 0;
@@ -273,8 +307,8 @@ TEST_P(CudaConformance, NonFiniteRunningMeanLeavesTrainingOutputs) {
   }
 }
 
-TEST_P(CudaConformance, ElementwisePoolingLinearLoss) {
-  const DType dt = GetParam();
+TEST_P(BackendConformance, ElementwisePoolingLinearLoss) {
+  const DType dt = dtype();
   const Shape sh{2, 9, 9, 6};
   auto av = randv(sh.numel(), 13), bv = randv(sh.numel(), 14);
   av[3] = std::numeric_limits<float>::quiet_NaN();  // NaN passes through ReLU on both
@@ -287,7 +321,7 @@ TEST_P(CudaConformance, ElementwisePoolingLinearLoss) {
   Tensor o[2][16];
   ops::Backend::LossResult loss[2];
   int i = 0;
-  for (Side* s : {cpu.get(), gpu.get()}) {
+  for (Side* s : {cpu.get(), cand.get()}) {
     Tensor a = s->put(av, sh, dt), b = s->put(bv, sh, dt);
     Tensor* r = o[i];
     r[0] = s->empty(sh, dt);
@@ -346,18 +380,24 @@ TEST_P(CudaConformance, ElementwisePoolingLinearLoss) {
   EXPECT_NEAR(loss[1].loss_sum, loss[0].loss_sum, 1e-5 + tol(dt) * std::abs(loss[0].loss_sum));
   EXPECT_EQ(loss[1].correct, loss[0].correct);
   // A label out of range is an error naming the sample on both backends.
-  for (Side* s : {cpu.get(), gpu.get()}) {
+  for (Side* s : {cpu.get(), cand.get()}) {
     Tensor z = s->put(logits, {9, 10}), lab = s->put_i32({0, 1, 2, 3, 10, 5, 6, 7, 8}), p = s->empty({9, 10});
     EXPECT_THROW(s->be->softmax_xent_forward(z, lab, p), ShapeError) << s->device.str();
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, CudaConformance, ::testing::Values(DType::f32, DType::f16, DType::bf16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+  return std::get<0>(info.param) + "_" + dtype_name(std::get<1>(info.param));
+}
 
-class CudaConformanceF32 : public CudaConformance {};
+INSTANTIATE_TEST_SUITE_P(Dtypes, BackendConformance,
+                         ::testing::Combine(::testing::ValuesIn(candidates()),
+                                            ::testing::Values(DType::f32, DType::f16, DType::bf16)),
+                         param_name);
 
-TEST_P(CudaConformanceF32, CastsReductionsAndLossScaling) {
+class BackendConformanceF32 : public BackendConformance {};
+
+TEST_P(BackendConformanceF32, CastsReductionsAndLossScaling) {
   std::vector<float> v = randv(4099, 22, -70000.f, 70000.f);
   v[0] = std::numeric_limits<float>::infinity();
   v[1] = 65519.f;   // rounds to 65504 in f16
@@ -367,35 +407,35 @@ TEST_P(CudaConformanceF32, CastsReductionsAndLossScaling) {
   v[5] = -0.f;
   for (DType from : {DType::f32, DType::f16, DType::bf16})
     for (DType to : {DType::f32, DType::f16, DType::bf16}) {
-      Tensor c = cpu->empty({4099}, to), g = gpu->empty({4099}, to);
+      Tensor c = cpu->empty({4099}, to), g = cand->empty({4099}, to);
       cpu->be->cast(cpu->put(v, {4099}, from), c);
-      gpu->be->cast(gpu->put(v, {4099}, from), g);
+      cand->be->cast(cand->put(v, {4099}, from), g);
       EXPECT_EQ(tensor_to_bytes(g), tensor_to_bytes(c)) << "cast " << dtype_name(from) << " -> " << dtype_name(to);
     }
   auto gv = randv(100003, 23);
-  Tensor gc = cpu->put(gv, {100003}), gg = gpu->put(gv, {100003});
-  EXPECT_NEAR(gpu->be->sum_squares(gg), cpu->be->sum_squares(gc), 1e-9 * cpu->be->sum_squares(gc));
+  Tensor gc = cpu->put(gv, {100003}), gg = cand->put(gv, {100003});
+  EXPECT_NEAR(cand->be->sum_squares(gg), cpu->be->sum_squares(gc), 1e-9 * cpu->be->sum_squares(gc));
   std::vector<std::pair<int64_t, int64_t>> segs{{0, 10}, {16, 5000}, {5016, 94980}, {100002, 1}};
-  auto sc = cpu->be->segment_sum_squares(gc, segs), sg = gpu->be->segment_sum_squares(gg, segs);
+  auto sc = cpu->be->segment_sum_squares(gc, segs), sg = cand->be->segment_sum_squares(gg, segs);
   for (size_t i = 0; i < segs.size(); ++i) EXPECT_NEAR(sg[i], sc[i], 1e-9 * sc[i] + 1e-12) << "segment " << i;
   EXPECT_TRUE(cpu->be->unscale_check_finite(gc, 0.25f));
-  EXPECT_TRUE(gpu->be->unscale_check_finite(gg, 0.25f));
+  EXPECT_TRUE(cand->be->unscale_check_finite(gg, 0.25f));
   expect_close("unscale (finite)", gg, gc, 0);
   gv[77777] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_FALSE(cpu->be->unscale_check_finite(cpu->put(gv, {100003}), 0.5f));
-  EXPECT_FALSE(gpu->be->unscale_check_finite(gpu->put(gv, {100003}), 0.5f));
+  EXPECT_FALSE(cand->be->unscale_check_finite(cand->put(gv, {100003}), 0.5f));
   gv[77777] = -std::numeric_limits<float>::infinity();
-  EXPECT_FALSE(gpu->be->unscale_check_finite(gpu->put(gv, {100003}), 0.5f));
+  EXPECT_FALSE(cand->be->unscale_check_finite(cand->put(gv, {100003}), 0.5f));
   auto var = randv(64, 24, 0.f, 3.f);
-  Tensor rc = cpu->empty({64}), rg = gpu->empty({64});
+  Tensor rc = cpu->empty({64}), rg = cand->empty({64});
   cpu->be->rsqrt_eps(cpu->put(var, {64}), rc, 1e-5f);
-  gpu->be->rsqrt_eps(gpu->put(var, {64}), rg, 1e-5f);
+  cand->be->rsqrt_eps(cand->put(var, {64}), rg, 1e-5f);
   expect_close("rsqrt_eps", rg, rc, 2e-7);
 }
 
 // The optimizer classes (groups, LARS trust ratios, AdamW bias correction) over a real model's
 // registry, 3 steps with fixed gradients.
-TEST_P(CudaConformanceF32, Optimizers) {
+TEST_P(BackendConformanceF32, Optimizers) {
   models::ResNetConfig mc;
   mc.arch = "resnet20";
   mc.base_width = 4;
@@ -403,7 +443,7 @@ TEST_P(CudaConformanceF32, Optimizers) {
   for (const char* name : {"sgd", "sgd-decoupled", "adamw", "lars"}) {
     std::vector<float> result[2];
     int i = 0;
-    for (Side* s : {cpu.get(), gpu.get()}) {
+    for (Side* s : {cpu.get(), cand.get()}) {
       auto model = models::make_resnet(mc);
       model->materialize(*s->pool, 7);
       std::unique_ptr<optim::Optimizer> opt;
@@ -433,8 +473,11 @@ TEST_P(CudaConformanceF32, Optimizers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(F32, CudaConformanceF32, ::testing::Values(DType::f32),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(F32, BackendConformanceF32,
+                         ::testing::Combine(::testing::ValuesIn(candidates()), ::testing::Values(DType::f32)),
+                         param_name);
+
+#ifndef REPLICA_CONFORMANCE_CPU_VARIANTS
 
 // 20 training steps of ResNet-20 on one GPU track the CPU run: losses and final parameters.
 struct TrainingRun {
@@ -611,5 +654,7 @@ TEST(CudaTraining, MaxPoolPastTwoToThe31Elements) {
   EXPECT_EQ(mismatches(host_floats(dx.view((N - 1) * img, {img})), host_floats(cdx)), 0u) << "its input gradient";
   EXPECT_EQ(host_floats(y.view(0, {16})), std::vector<float>(16, -1.f)) << "the constant images";
 }
+
+#endif  // the GPU training cases
 
 }  // namespace
