@@ -17,8 +17,9 @@ packages=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev libyaml-cp
           libturbojpeg0-dev libpng-dev
           libbenchmark-dev zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
 # The sanitizer and fuzz jobs of --test: Debian's clang with its libFuzzer runtime, bc for the fuzz table; slurm-wlm
-# and munge for the Slurm recipe's test (tests/elastic/run_slurm.sh).
-[ "$mode" = "--test" ] && packages+=(clang libclang-rt-14-dev bc slurm-wlm munge)
+# and munge for the Slurm recipe's test (tests/elastic/run_slurm.sh); dpkg-dev (dpkg-shlibdeps), file and fakeroot
+# for the Debian package's test (tests/install/run.sh deb); binutils' objdump for the baseline check.
+[ "$mode" = "--test" ] && packages+=(clang libclang-rt-14-dev bc slurm-wlm munge dpkg-dev file fakeroot binutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,6 +12,7 @@
 #include "core/errors.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/direct_conv.h"
+#include "ops/cpu/direct_kernels.h"
 #include "ops/cpu/mixed.h"
 #include "ops/cpu/parallel_for.h"
 #include "ops/cpu/threads.h"
@@ -229,7 +230,7 @@ void run_direct(const Tensor& in, const Tensor& w, const Tensor& out, const Dire
     const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
     for (int64_t n = n0; n < n0 + nb; ++n) {  // a 16-bit output is rounded back while in cache
       float* o = O.get(n, 1, t);
-      direct::forward_image(I.get(n, t), d.pg.Wp(), d.pg.C, packed.p, d.K, g.R, g.S, d.stride, d.P, d.Q, o);
+      direct_kernels::forward_image(I.get(n, t), d.pg.Wp(), d.pg.C, packed.p, d.K, g.R, g.S, d.stride, d.P, d.Q, o);
       O.put(n, 1, t);
     }
   });
@@ -260,7 +261,7 @@ void direct_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
   for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
     for (int64_t n = n0; n < n0 + nb; ++n)
-      direct::backward_filter_image(X.get(n, t), X.pg.Wp(), g.C, DY.get(n, t), g.K, g.R, g.S, g.stride, g.P, g.Q,
+      direct_kernels::backward_filter_image(X.get(n, t), X.pg.Wp(), g.C, DY.get(n, t), g.K, g.R, g.S, g.stride, g.P, g.Q,
                                     partial[t]->p);
   });
   float* out = dw.data<float>();

@@ -1,7 +1,7 @@
 // Direct NHWC convolution on the CPU: a register-blocked kernel (6 output pixels x 16 output
-// channels in 12 AVX2 accumulators) that reads a zero-padded input image and block-packed filters, with
-// no column matrix. It serves the narrow ResNet layers where im2col + GEMM loses to packing
-// (16-64 channels), and stride-1 backward data as the forward convolution of the padded output
+// channels in 12 AVX2 accumulators, ops/cpu/direct_kernels.h) that reads a zero-padded input
+// image and block-packed filters, with no column matrix. It serves the narrow ResNet layers
+// where im2col + GEMM loses to packing (16-64 channels), and stride-1 backward data as the forward convolution of the padded output
 // gradient with the flipped filter; the weight gradient the same way, 6 filter taps x 16 output
 // channels accumulated over the pixels. Chosen at run time: AVX2 and FMA present, K a multiple of 8.
 #pragma once
@@ -17,6 +17,12 @@ bool available();
 // Turns the kernels on or off for the whole process (tests and benchmarks compare both paths);
 // returns whether they were available before.
 bool set_enabled(bool on);
+
+// The avx512 kernel copy's direct kernels in 512-bit registers instead of 256-bit ones (the same
+// bits): REPLICA_DIRECT_ZMM=1, or set_zmm. Off by default (measured slower on a Zen 4 EPYC:
+// ops/cpu/direct_kernels.cpp). set_zmm returns the previous setting.
+bool zmm_enabled();
+bool set_zmm(bool on);
 
 // The forward convolution of one geometry, direct: output channels a multiple of 8.
 bool serves_forward(const ConvGeom& g);
@@ -44,13 +50,7 @@ struct PaddedGeom {
   int64_t floats() const { return Hp() * Wp() * C; }
 };
 
-// One image: xpad (Hp x Wp x C, zero border), w (packed as above), y (P x Q x K), overwritten.
-void forward_image(const float* xpad, int64_t Wp, int64_t C, const float* w_rsck, int64_t K, int64_t R,
-                   int64_t S, int64_t stride, int64_t P, int64_t Q, float* y);
-
-// One image's weight gradient: dw (R x S x C x K) += sum over the P x Q output pixels of the
-// input taps (xpad as for forward_image) times dy (P x Q x K).
-void backward_filter_image(const float* xpad, int64_t Wp, int64_t C, const float* dy, int64_t K, int64_t R,
-                           int64_t S, int64_t stride, int64_t P, int64_t Q, float* dw_rsck);
+// The kernels that use these (forward_image, backward_filter_image) are part of each CPU kernel
+// copy: ops/cpu/direct_kernels.h.
 
 }  // namespace replica::ops::direct

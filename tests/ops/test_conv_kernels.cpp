@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -97,6 +98,7 @@ constexpr double kTol = 2e-6;  // measured: at most 2.2e-7 on every case
 struct Path {
   std::string copy;
   bool direct;
+  bool zmm = false;  // the avx512 copy's 512-bit direct kernels (REPLICA_DIRECT_ZMM)
 };
 
 std::vector<Path> paths() {
@@ -104,13 +106,18 @@ std::vector<Path> paths() {
   for (const auto& v : ops::cpu_kernel_variants()) {
     p.push_back({v.name, false});
     if (v.isa >= CpuIsa::avx2) p.push_back({v.name, true});  // the copies that use the direct kernels
+    if (v.isa >= CpuIsa::avx512) p.push_back({v.name, true, true});
   }
   return p;
 }
 
 class ConvKernels : public ::testing::TestWithParam<std::tuple<Geom, Path>> {
  protected:
-  void TearDown() override { ops::direct::set_enabled(true); }
+  void TearDown() override {
+    ops::direct::set_enabled(true);
+    ops::direct::set_zmm(zmm_before_);
+  }
+  bool zmm_before_ = ops::direct::zmm_enabled();
 };
 
 TEST_P(ConvKernels, MatchDoublePrecision) {
@@ -121,6 +128,7 @@ TEST_P(ConvKernels, MatchDoublePrecision) {
   if (!cpu_isa_supported(copy->isa)) GTEST_SKIP() << "this CPU cannot run the " << path.copy << " kernels";
   const bool had = ops::direct::set_enabled(use_direct);
   if (use_direct && !had) GTEST_SKIP() << "this CPU has no AVX2/FMA: the direct kernels do not run";
+  ops::direct::set_zmm(path.zmm);
   auto pool = replica::testing::test_pool();
   auto& be = ops::cpu_backend_variant(path.copy);
   const auto g = ops::ConvGeom::make({c.N, c.H, c.W, c.C}, c.K, c.R, c.R, c.stride, c.pad, "test");
@@ -165,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::ValuesIn(paths())),
     [](const ::testing::TestParamInfo<std::tuple<Geom, Path>>& i) {
       const Path& p = std::get<1>(i.param);
-      return name_of(std::get<0>(i.param)) + "_" + p.copy + (p.direct ? "_direct" : "_im2col");
+      return name_of(std::get<0>(i.param)) + "_" + p.copy + (p.direct ? "_direct" : "_im2col") + (p.zmm ? "_zmm" : "");
     });
 
 // 16-bit activations reach the direct kernels a chunk at a time (converted to f32 and back):
@@ -209,6 +217,48 @@ TEST(ConvKernels16, DirectAndIm2colAgreeOnBf16AndF16) {
         ASSERT_LE(std::abs(a - b), (o == 2 ? 1e-4 : ulp) * std::max(1.0, std::abs(b)))
             << what[o] << " " << dtype_name(dt) << " element " << i;
       }
+  }
+}
+
+// The avx512 copy's zmm direct kernels do the AVX2 kernels' FMAs per output element in the same
+// order (ops/cpu/direct_kernels.h): on layers the direct kernels serve in all three passes, the
+// avx2 copy and the avx512 copy with REPLICA_DIRECT_ZMM give the same bits.
+TEST(ConvKernels, DirectKernelsInYmmAndZmmGiveTheSameBits) {
+  if (!cpu_isa_supported(CpuIsa::avx512)) GTEST_SKIP() << "this CPU cannot run the avx512 kernels";
+  const auto& copies = ops::cpu_kernel_variants();
+  auto built = [&](const char* n) {
+    return std::any_of(copies.begin(), copies.end(), [&](const auto& v) { return std::string(n) == v.name; });
+  };
+  if (!built("avx2") || !built("avx512")) GTEST_SKIP() << "this build has no avx2 and avx512 copies";
+  if (!ops::direct::set_enabled(true)) GTEST_SKIP() << "the direct kernels are off";
+  auto pool = replica::testing::test_pool();
+  // K = 16 (one zmm block), K = 80 (two blocks of 32 and one of 16), K = 24 (16 and the ymm 8).
+  for (Geom c : {Geom{2, 28, 28, 16, 16, 3, 1, 1}, Geom{1, 28, 28, 72, 80, 3, 1, 1}, Geom{2, 9, 9, 8, 24, 5, 1, 2}}) {
+    const auto g = ops::ConvGeom::make({c.N, c.H, c.W, c.C}, c.K, c.R, c.R, c.stride, c.pad, "test");
+    ASSERT_TRUE(ops::direct::serves_forward(g) && ops::direct::serves_backward_data(g) &&
+                ops::direct::serves_backward_filter(g))
+        << name_of(c);
+    std::mt19937 rng(11);
+    const auto x = random_values(g.N * g.H * g.W * g.C, rng), w = random_values(g.K * g.R * g.S * g.C, rng),
+               dy = random_values(g.N * g.P * g.Q * g.K, rng), dw0 = random_values(w.size(), rng);
+    std::vector<float> out[2];
+    int i = 0;
+    for (const char* copy : {"avx2", "avx512"}) {
+      const bool zmm_before = ops::direct::set_zmm(std::string(copy) == "avx512");
+      auto& be = ops::cpu_backend_variant(copy);
+      Tensor X = tensor_of(*pool, x, {g.N, g.H, g.W, g.C}), Wt = tensor_of(*pool, w, {g.K, g.R, g.S, g.C});
+      Tensor DY = tensor_of(*pool, dy, {g.N, g.P, g.Q, g.K}), DW = tensor_of(*pool, dw0, {g.K, g.R, g.S, g.C});
+      Tensor Y = Tensor::empty(*pool, {g.N, g.P, g.Q, g.K}, DType::f32, MemTag::activations);
+      Tensor DX = Tensor::empty(*pool, {g.N, g.H, g.W, g.C}, DType::f32, MemTag::activations);
+      be.conv2d_forward(X, Wt, Y, g, *pool);
+      be.conv2d_backward_data(DY, Wt, DX, g, *pool);
+      be.conv2d_backward_filter(X, DY, DW, g, *pool);
+      ops::direct::set_zmm(zmm_before);
+      for (const Tensor* t : {&Y, &DX, &DW}) out[i].insert(out[i].end(), t->data<float>(), t->data<float>() + t->numel());
+      ++i;
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0) << name_of(c);
   }
 }
 
