@@ -21,7 +21,10 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   $sudo dpkg --add-architecture arm64
   $sudo apt-get update -q
 fi
-need=(g++-aarch64-linux-gnu qemu-user libyaml-cpp-dev:arm64 zlib1g-dev:arm64 libpng-dev:arm64
+# libyaml-cpp-dev is not co-installable across architectures in Debian 12 (installing the arm64
+# one removes the amd64 one the native build needs), so its arm64 form is unpacked into a private
+# directory of the build instead (with its run-time library, which also co-installs for qemu).
+need=(g++-aarch64-linux-gnu qemu-user libyaml-cpp0.7:arm64 zlib1g-dev:arm64 libpng-dev:arm64
       libturbojpeg0-dev:arm64 libgtest-dev:arm64)
 missing=()
 for p in "${need[@]}"; do
@@ -31,8 +34,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ -z "$(ls /var/lib/apt/lists/ 2>/dev/null | grep -m1 arm64)" ] && $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+mkdir -p "$build"
+yaml_root="$(cd "$build" && pwd)/arm64-yaml-cpp"
+if [ ! -d "$yaml_root/usr/include/yaml-cpp" ]; then
+  (cd "$build" && rm -f libyaml-cpp*_arm64.deb && apt-get download libyaml-cpp-dev:arm64 libyaml-cpp0.7:arm64)
+  for deb in "$build"/libyaml-cpp*_arm64.deb; do dpkg-deb -x "$deb" "$yaml_root"; done
+fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
-  -DREPLICA_CUDA=OFF -DREPLICA_BUILD_BENCH=OFF -DREPLICA_WERROR=ON
+  -DREPLICA_CUDA=OFF -DREPLICA_BUILD_BENCH=OFF -DREPLICA_WERROR=ON \
+  -Dyaml-cpp_DIR="$yaml_root/usr/lib/aarch64-linux-gnu/cmake/yaml-cpp"
 cmake --build "$build" -j "$(nproc)"
 file "$build/apps/replica"
 qemu-aarch64 -L /usr/aarch64-linux-gnu "$build/apps/replica" --version
