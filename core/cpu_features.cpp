@@ -32,11 +32,13 @@ namespace {
 // libgcc's / compiler-rt's cpu model checks XCR0 too, so "avx2" and "avx512f" are false where
 // the operating system does not save the ymm / zmm registers.
 bool has_v3() {
+  // MOVBE (cpuid 1 ECX bit 22) and LZCNT (0x80000001 ECX bit 5) by cpuid: clang 14's
+  // __builtin_cpu_supports does not know "movbe".
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool movbe = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_MOVBE);
+  const bool lzcnt = __get_cpuid(0x80000001u, &a, &b, &c, &d) && (c & bit_LZCNT);
   return cpu_has_avx2() && cpu_has_fma() && cpu_has_f16c() && __builtin_cpu_supports("bmi") &&
-         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("movbe") && [] {
-           unsigned a = 0, b = 0, c = 0, d = 0;  // LZCNT (ABM): cpuid 0x80000001 ECX bit 5
-           return __get_cpuid(0x80000001u, &a, &b, &c, &d) && (c & bit_LZCNT);
-         }();
+         __builtin_cpu_supports("bmi2") && movbe && lzcnt;
 }
 bool has_v4() {
   return has_v3() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
