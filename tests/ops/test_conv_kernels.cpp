@@ -121,7 +121,8 @@ class ConvKernels : public ::testing::TestWithParam<std::tuple<Geom, Path>> {
 };
 
 TEST_P(ConvKernels, MatchDoublePrecision) {
-  const auto [c, path] = GetParam();
+  const Geom c = std::get<0>(GetParam());
+  const Path path = std::get<1>(GetParam());  // not a structured binding: clang 14 cannot capture one
   const bool use_direct = path.direct;
   const auto& copies = ops::cpu_kernel_variants();
   const auto copy = std::find_if(copies.begin(), copies.end(), [&](const auto& v) { return path.copy == v.name; });
