@@ -28,6 +28,10 @@ using CMapR = Eigen::Map<const MatR>;
 // 4 MiB on ResNet-20 (bench/RESULTS.md).
 constexpr size_t kColBytes = size_t(1) << 20;
 
+// The baseline copy has no direct kernels (direct_kernels.h); direct::serves_* cannot know which
+// copy asks.
+constexpr bool kHasDirect = kIsa >= CpuIsa::avx2;
+
 bool is_pointwise(const ConvGeom& g) { return g.R == 1 && g.S == 1 && g.stride == 1 && g.pad == 0; }
 
 int64_t chunk_images(const ConvGeom& g) {
@@ -281,7 +285,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
                                 MemoryPool& ws) {
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
-  if (kIsa >= CpuIsa::avx2 && direct::serves_forward(g)) return direct_forward(x, w, y, g, ws);
+  if (kHasDirect && direct::serves_forward(g)) return direct_forward(x, w, y, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   const Tensor wf = filter_f32(w, ws);
@@ -303,7 +307,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
                                       const ConvGeom& g, MemoryPool& ws) {
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
-  if (kIsa >= CpuIsa::avx2 && direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);
+  if (kHasDirect && direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk, HWC = g.H * g.W * g.C;
   const Tensor wf = filter_f32(w, ws);
@@ -334,7 +338,7 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
-  if (kIsa >= CpuIsa::avx2 && direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
+  if (kHasDirect && direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
   const int T = cp.threads;

@@ -12,21 +12,12 @@
 #include "core/env.h"
 #include "core/errors.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define REPLICA_DIRECT_AVX2 1
-#endif
-
 namespace replica::ops::direct {
 
 namespace {
-// AVX2 + FMA present and allowed (REPLICA_CPU_ISA=baseline turns the kernel off too).
-bool cpu_has_avx2_fma() {
-#ifdef REPLICA_DIRECT_AVX2
-  return cpu_isa_enabled(CpuIsa::avx2);
-#else
-  return false;
-#endif
-}
+// AVX2 + FMA present and allowed (REPLICA_CPU_ISA=baseline turns the kernel off too; false off
+// x86-64).
+bool cpu_has_avx2_fma() { return cpu_isa_enabled(CpuIsa::avx2); }
 std::atomic<bool>& enabled() {
   static std::atomic<bool> on{env_flag("REPLICA_DIRECT_CONV", true)};
   return on;

@@ -91,6 +91,23 @@ Tensor tensor_of(MemoryPool& pool, const std::vector<float>& v, Shape s) {
   return t;
 }
 
+// One convolution's three passes on `be` from host inputs: y, dx, and dw0 + the weight gradient.
+struct Passes {
+  Tensor y, dx, dw;
+};
+Passes run_passes(ops::Backend& be, MemoryPool& pool, const std::vector<float>& x, const std::vector<float>& w,
+                  const std::vector<float>& dy, const std::vector<float>& dw0, const ops::ConvGeom& g) {
+  Tensor X = tensor_of(pool, x, {g.N, g.H, g.W, g.C}), Wt = tensor_of(pool, w, {g.K, g.R, g.S, g.C});
+  Tensor DY = tensor_of(pool, dy, {g.N, g.P, g.Q, g.K});
+  Passes p{Tensor::empty(pool, {g.N, g.P, g.Q, g.K}, DType::f32, MemTag::activations),
+           Tensor::empty(pool, {g.N, g.H, g.W, g.C}, DType::f32, MemTag::activations),
+           tensor_of(pool, dw0, {g.K, g.R, g.S, g.C})};
+  be.conv2d_forward(X, Wt, p.y, g, pool);
+  be.conv2d_backward_data(DY, Wt, p.dx, g, pool);
+  be.conv2d_backward_filter(X, DY, p.dw, g, pool);
+  return p;
+}
+
 // f32 accumulation of up to a few hundred terms: a few ulps of the sum of |terms|.
 constexpr double kTol = 2e-6;  // measured: at most 2.2e-7 on every case
 
@@ -137,15 +154,9 @@ TEST_P(ConvKernels, MatchDoublePrecision) {
   const auto x = random_values(g.N * g.H * g.W * g.C, rng), w = random_values(g.K * g.R * g.S * g.C, rng),
              dy = random_values(g.N * g.P * g.Q * g.K, rng), dw0 = random_values(w.size(), rng);
   const Reference ref = reference(x, w, dy, dw0, g);
-  Tensor X = tensor_of(*pool, x, {g.N, g.H, g.W, g.C}), Wt = tensor_of(*pool, w, {g.K, g.R, g.S, g.C});
-  Tensor DY = tensor_of(*pool, dy, {g.N, g.P, g.Q, g.K}), DW = tensor_of(*pool, dw0, {g.K, g.R, g.S, g.C});
-  Tensor Y = Tensor::empty(*pool, {g.N, g.P, g.Q, g.K}, DType::f32, MemTag::activations);
-  Tensor DX = Tensor::empty(*pool, {g.N, g.H, g.W, g.C}, DType::f32, MemTag::activations);
-  be.conv2d_forward(X, Wt, Y, g, *pool);
-  be.conv2d_backward_data(DY, Wt, DX, g, *pool);
-  be.conv2d_backward_filter(X, DY, DW, g, *pool);
-  const double ey = worst(Y, ref.y, ref.y_abs), edx = worst(DX, ref.dx, ref.dx_abs),
-               edw = worst(DW, ref.dw, ref.dw_abs);
+  const Passes got = run_passes(be, *pool, x, w, dy, dw0, g);
+  const double ey = worst(got.y, ref.y, ref.y_abs), edx = worst(got.dx, ref.dx, ref.dx_abs),
+               edw = worst(got.dw, ref.dw, ref.dw_abs);
   EXPECT_LT(ey, kTol) << "forward";
   EXPECT_LT(edx, kTol) << "backward data";
   EXPECT_LT(edw, kTol) << "backward filter (+= onto a random gradient)";
@@ -246,16 +257,9 @@ TEST(ConvKernels, DirectKernelsInYmmAndZmmGiveTheSameBits) {
     int i = 0;
     for (const char* copy : {"avx2", "avx512"}) {
       const bool zmm_before = ops::direct::set_zmm(std::string(copy) == "avx512");
-      auto& be = ops::cpu_backend_variant(copy);
-      Tensor X = tensor_of(*pool, x, {g.N, g.H, g.W, g.C}), Wt = tensor_of(*pool, w, {g.K, g.R, g.S, g.C});
-      Tensor DY = tensor_of(*pool, dy, {g.N, g.P, g.Q, g.K}), DW = tensor_of(*pool, dw0, {g.K, g.R, g.S, g.C});
-      Tensor Y = Tensor::empty(*pool, {g.N, g.P, g.Q, g.K}, DType::f32, MemTag::activations);
-      Tensor DX = Tensor::empty(*pool, {g.N, g.H, g.W, g.C}, DType::f32, MemTag::activations);
-      be.conv2d_forward(X, Wt, Y, g, *pool);
-      be.conv2d_backward_data(DY, Wt, DX, g, *pool);
-      be.conv2d_backward_filter(X, DY, DW, g, *pool);
+      const Passes got = run_passes(ops::cpu_backend_variant(copy), *pool, x, w, dy, dw0, g);
       ops::direct::set_zmm(zmm_before);
-      for (const Tensor* t : {&Y, &DX, &DW}) out[i].insert(out[i].end(), t->data<float>(), t->data<float>() + t->numel());
+      for (const Tensor* t : {&got.y, &got.dx, &got.dw}) out[i].insert(out[i].end(), t->data<float>(), t->data<float>() + t->numel());
       ++i;
     }
     ASSERT_EQ(out[0].size(), out[1].size());
