@@ -9,6 +9,7 @@
 
 #include "core/errors.h"
 #include "core/file_io.h"
+#include "core/json.h"
 
 namespace replica {
 
@@ -88,8 +89,11 @@ void AllocTrace::write_chrome_json(const std::string& path, int pid) const {
     in_use[t] += e.alloc ? static_cast<int64_t>(e.bytes) : -static_cast<int64_t>(e.bytes);
     if (!first) os << ",\n";
     first = false;
-    os << "{\"name\":\"pool in use\",\"ph\":\"C\",\"pid\":" << pid << ",\"ts\":" << e.t_ns / 1000.0
-       << ",\"args\":{\"" << mem_tag_name(e.tag) << "\":" << in_use[t] << "}}";
+    os << json_line({{"name", "pool in use"},
+                     {"ph", "C"},
+                     {"pid", pid},
+                     {"ts", e.t_ns / 1000.0},
+                     {"args", {{mem_tag_name(e.tag), in_use[t]}}}});
   }
   os << "\n],\"displayTimeUnit\":\"ms\"}\n";
   write_file_atomic(path, os.str());

@@ -1,11 +1,28 @@
-// Reading back the flat JSON objects JsonWriter writes (metrics.jsonl lines).
+// replica's conventions on nlohmann-json: 6-digit numbers, lossless lines, flat objects read back.
 #include "core/json.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/errors.h"
 
 namespace replica {
+
+Json json_number(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return std::strtod(b, nullptr);
+}
+
+Json json_numbers(const std::vector<double>& v) {
+  Json a = Json::array();
+  for (double x : v) a.push_back(json_number(x));
+  return a;
+}
+
+std::string json_line(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 double JsonObject::number(const std::string& k) const {
   const auto it = numbers_.find(k);
@@ -21,82 +38,37 @@ std::vector<double> JsonObject::numbers(const std::string& k) const {
 }
 
 namespace {
-struct Reader {
-  std::string_view s;
-  const std::string& source;
-  size_t i = 0;
-  [[noreturn]] void fail(const std::string& what) const {
-    throw IoError(source + ": byte " + std::to_string(i) + ": " + what + " (not a JSON object as replica writes it)");
-  }
-  void ws() {
-    while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n')) ++i;
-  }
-  bool take(char c) {
-    ws();
-    if (i < s.size() && s[i] == c) return ++i, true;
-    return false;
-  }
-  void expect(char c) {
-    if (!take(c)) fail(std::string("expected '") + c + "'");
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (i < s.size() && s[i] != '"') {
-      char c = s[i++];
-      if (c == '\\') {
-        if (i >= s.size()) fail("unterminated escape");
-        const char e = s[i++];
-        c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'u' ? (i += 4, '?') : e;
-      }
-      out += c;
-    }
-    if (i >= s.size()) fail("unterminated string");
-    ++i;
-    return out;
-  }
-  double number() {
-    ws();
-    if (s.compare(i, 4, "null") == 0) return i += 4, std::nan("");
-    if (s.compare(i, 4, "true") == 0) return i += 4, 1.0;
-    if (s.compare(i, 5, "false") == 0) return i += 5, 0.0;
-    const std::string rest(s.substr(i, std::min<size_t>(64, s.size() - i)));
-    char* end = nullptr;
-    const double v = std::strtod(rest.c_str(), &end);
-    if (end == rest.c_str()) fail("expected a value");
-    i += static_cast<size_t>(end - rest.c_str());
-    return v;
-  }
-};
+const char* kNotOurs = " (not a JSON object as replica writes it)";
+double scalar(const Json& v, const std::string& key, const std::string& source) {
+  if (v.is_null()) return std::nan("");
+  if (v.is_boolean()) return v.get<bool>() ? 1.0 : 0.0;
+  if (v.is_number()) return v.get<double>();
+  throw IoError(source + ": '" + key + "' holds " + v.type_name() + kNotOurs);
+}
 }  // namespace
 
 JsonObject parse_json_object(std::string_view text, const std::string& source) {
-  Reader r{text, source};
-  JsonObject o;
-  r.expect('{');
-  if (!r.take('}')) {
-    do {
-      const std::string k = r.string();
-      r.expect(':');
-      r.ws();
-      if (r.i < text.size() && text[r.i] == '"') {
-        o.texts_[k] = r.string();
-      } else if (r.take('[')) {
-        std::vector<double> v;
-        if (!r.take(']')) {
-          do v.push_back(r.number());
-          while (r.take(','));
-          r.expect(']');
-        }
-        o.arrays_[k] = std::move(v);
-      } else {
-        o.numbers_[k] = r.number();
-      }
-    } while (r.take(','));
-    r.expect('}');
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    throw IoError(source + ": byte " + std::to_string(e.byte) + ": " + e.what() + kNotOurs);
+  } catch (const Json::exception& e) {  // e.g. a number too large for a double
+    throw IoError(source + ": " + e.what() + kNotOurs);
   }
-  r.ws();
-  if (r.i != text.size()) r.fail("text after the object");
+  if (!j.is_object()) throw IoError(source + ": a JSON " + std::string(j.type_name()) + kNotOurs);
+  JsonObject o;
+  for (const auto& [k, v] : j.items()) {
+    if (v.is_string()) {
+      o.texts_[k] = v.get<std::string>();
+    } else if (v.is_array()) {
+      std::vector<double> a;
+      for (const auto& x : v) a.push_back(scalar(x, k, source));
+      o.arrays_[k] = std::move(a);
+    } else {
+      o.numbers_[k] = scalar(v, k, source);
+    }
+  }
   return o;
 }
 

@@ -1,121 +1,28 @@
-// JsonWriter: builds one JSON object or array as text with proper escaping and number handling
-// (non-finite numbers become null, as JSON has no NaN). The metrics sink and the reports write
-// through it instead of concatenating strings. parse_json_object reads such a line back (a flat
-// object of numbers, strings, booleans, nulls and arrays of numbers: what the writer makes).
+// JSON through nlohmann-json (Debian's nlohmann-json3-dev): every JSON replica reads or writes
+// (metrics.jsonl lines, run summaries, Chrome traces, safetensors headers) goes through it. Two
+// conventions of ours sit on top: json_number() writes a measured value with 6 significant
+// digits (what a plot or a report needs; metrics lines keep the size and text they had) and null
+// when it is not finite (JSON has no NaN); JsonObject reads back a flat object as those lines hold.
 #pragma once
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
 #include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace replica {
 
-class JsonWriter {
- public:
-  JsonWriter& begin_object() { return open('{'); }
-  JsonWriter& end_object() { return close('}'); }
-  JsonWriter& begin_array() { return open('['); }
-  JsonWriter& end_array() { return close(']'); }
-  JsonWriter& key(std::string_view k) {
-    comma();
-    string(k);
-    out_ += ':';
-    after_key_ = true;
-    return *this;
-  }
-  JsonWriter& value(std::string_view s) {
-    comma();
-    string(s);
-    return *this;
-  }
-  JsonWriter& value(const char* s) { return value(std::string_view(s)); }
-  JsonWriter& value(bool b) {
-    comma();
-    out_ += b ? "true" : "false";
-    return *this;
-  }
-  JsonWriter& value(int64_t v) {
-    comma();
-    out_ += std::to_string(v);
-    return *this;
-  }
-  JsonWriter& value(int v) { return value(static_cast<int64_t>(v)); }
-  JsonWriter& value(double v) {
-    comma();
-    if (!std::isfinite(v)) {
-      out_ += "null";
-    } else {
-      char b[32];
-      std::snprintf(b, sizeof b, "%.6g", v);
-      out_ += b;
-    }
-    return *this;
-  }
-  JsonWriter& value(float v) { return value(static_cast<double>(v)); }
-  template <class T>
-  JsonWriter& field(std::string_view k, const T& v) {
-    key(k);
-    return value(v);
-  }
-  JsonWriter& field(std::string_view k, const std::vector<double>& v) {
-    key(k);
-    begin_array();
-    for (double x : v) value(x);
-    return end_array();
-  }
-  const std::string& str() const { return out_; }
+// Keys in the order they were written (a metrics line reads the way the code lists it).
+using Json = nlohmann::ordered_json;
 
- private:
-  JsonWriter& open(char c) {
-    comma();
-    out_ += c;
-    first_.push_back(true);
-    return *this;
-  }
-  JsonWriter& close(char c) {
-    out_ += c;
-    first_.pop_back();
-    return *this;
-  }
-  void comma() {
-    if (after_key_) {
-      after_key_ = false;
-      return;
-    }
-    if (!first_.empty()) {
-      if (!first_.back()) out_ += ',';
-      first_.back() = false;
-    }
-  }
-  void string(std::string_view s) {
-    out_ += '"';
-    for (char ch : s) {
-      const auto c = static_cast<unsigned char>(ch);
-      switch (c) {
-        case '"': out_ += "\\\""; break;
-        case '\\': out_ += "\\\\"; break;
-        case '\n': out_ += "\\n"; break;
-        case '\r': out_ += "\\r"; break;
-        case '\t': out_ += "\\t"; break;
-        default:
-          if (c < 0x20) {
-            char b[8];
-            std::snprintf(b, sizeof b, "\\u%04x", c);
-            out_ += b;
-          } else {
-            out_ += ch;
-          }
-      }
-    }
-    out_ += '"';
-  }
-  std::string out_;
-  std::vector<bool> first_;
-  bool after_key_ = false;
-};
+// A measured number as metrics lines carry it: 6 significant digits, null when not finite.
+Json json_number(double v);
+// An array of such numbers.
+Json json_numbers(const std::vector<double>& v);
+// One line of text (no newline); text that is not UTF-8 is written with U+FFFD in its place
+// rather than refused, so a metrics line is never lost to an odd device or file name.
+std::string json_line(const Json& j);
 
 // One flat JSON object, read back. Missing keys read as NaN / "" / empty.
 struct JsonObject {
@@ -126,7 +33,8 @@ struct JsonObject {
   std::string text(const std::string& k) const;
   std::vector<double> numbers(const std::string& k) const;
 };
-// Throws IoError naming `source` and the byte where the text stops being such an object.
+// Throws IoError naming `source` and the byte where the text stops being such an object (not
+// JSON; not an object; a value that is an object, or an array of anything but numbers).
 JsonObject parse_json_object(std::string_view text, const std::string& source);
 
 }  // namespace replica

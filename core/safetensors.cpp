@@ -1,4 +1,4 @@
-// safetensors reading (a small strict JSON parser for its header) and writing.
+// safetensors reading (the header through nlohmann-json, held to the reference reader's rules) and writing.
 #include "core/safetensors.h"
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/errors.h"
+#include "core/json.h"
 
 namespace replica::safetensors {
 
@@ -28,124 +29,54 @@ int dtype_rank(const std::string& d) {
 
 constexpr uint64_t kMaxHeader = 100000000;  // the reference reader's limit
 
-// A JSON reader for exactly what the header holds: objects, arrays, strings and non-negative
-// integers. Anything else is an error with the byte position.
-class Json {
- public:
-  Json(std::string_view s, const std::string& source) : s_(s), source_(source) {}
-  [[noreturn]] void fail(const std::string& what) const {
-    throw IoError(source_ + ": safetensors header, byte " + std::to_string(i_) + ": " + what);
-  }
-  void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
-  }
-  bool peek(char c) {
-    ws();
-    return i_ < s_.size() && s_[i_] == c;
-  }
-  void expect(char c) {
-    ws();
-    if (i_ >= s_.size() || s_[i_] != c) fail(std::string("expected '") + c + "'");
-    ++i_;
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (true) {
-      if (i_ >= s_.size()) fail("unterminated string");
-      const char c = s_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) fail("unterminated escape");
-      const char e = s_[i_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          if (i_ + 4 > s_.size()) fail("short \\u escape");
-          unsigned v = 0;
-          for (int k = 0; k < 4; ++k) {
-            const char h = s_[i_++];
-            v = v * 16 + (h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                          : h >= 'A' && h <= 'F' ? h - 'A' + 10 : (fail("bad \\u escape"), 0));
-          }
-          if (v >= 0xD800 && v <= 0xDFFF) fail("surrogate \\u escapes are not supported in names");
-          if (v < 0x80) out += static_cast<char>(v);
-          else if (v < 0x800) out += static_cast<char>(0xC0 | (v >> 6)), out += static_cast<char>(0x80 | (v & 63));
-          else
-            out += static_cast<char>(0xE0 | (v >> 12)), out += static_cast<char>(0x80 | ((v >> 6) & 63)),
-                out += static_cast<char>(0x80 | (v & 63));
-          break;
-        }
-        default: fail(std::string("bad escape \\") + e);
-      }
-    }
-  }
-  uint64_t integer() {
-    ws();
-    if (i_ >= s_.size() || s_[i_] < '0' || s_[i_] > '9') fail("expected a non-negative integer");
-    uint64_t v = 0;
-    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
-      const uint64_t d = static_cast<uint64_t>(s_[i_++] - '0');
-      if (v > (UINT64_MAX - d) / 10) fail("integer too large");
-      v = v * 10 + d;
-    }
-    return v;
-  }
-  std::vector<uint64_t> integers() {
-    std::vector<uint64_t> v;
-    expect('[');
-    if (peek(']')) return ++i_, v;
-    do v.push_back(integer());
-    while (comma());
-    expect(']');
-    return v;
-  }
-  bool comma() {
-    if (!peek(',')) return false;
-    ++i_;
-    return true;
-  }
-  void end() {
-    ws();
-    if (i_ != s_.size()) fail("text after the header's object");
-  }
+[[noreturn]] void header_error(const std::string& source, const std::string& what) {
+  throw IoError(source + ": safetensors header: " + what);
+}
 
- private:
-  std::string_view s_;
-  const std::string& source_;
-  size_t i_ = 0;
+// The header as nlohmann-json reads it, with the reference reader's strictness added: a key
+// twice in one object is an error (the library would keep the last), containers nest at most as
+// deep as a header's own (top object > tensor > shape), and the top-level names come back in file
+// order (a plain json's std::map sorts them; ordered_json's insertion is quadratic in the key
+// count, which a crafted 100 MB header would turn into a hang).
+struct Header {
+  nlohmann::json doc;
+  std::vector<std::string> order;
 };
-
-void put_json_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (unsigned char c : s) {
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\b') out += "\\b";
-    else if (c == '\f') out += "\\f";
-    else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
+Header read_header(std::string_view text, const std::string& source) {
+  Header h;
+  std::vector<std::set<std::string>> keys;  // one per open object
+  auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if ((event == E::object_start || event == E::array_start) && depth > 2)
+      header_error(source, "nested deeper than a header's tensor entries");
+    if (event == E::object_start) keys.emplace_back();
+    if (event == E::object_end) keys.pop_back();
+    if (event == E::key) {
+      const auto& k = parsed.get_ref<const std::string&>();
+      if (!keys.back().insert(k).second) header_error(source, "'" + k + "' appears twice");
+      if (depth == 1) h.order.push_back(k);
     }
+    return true;
+  };
+  try {
+    h.doc = nlohmann::json::parse(text, check);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw IoError(source + ": safetensors header, byte " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+    throw IoError(source + ": safetensors header: " + e.what());
   }
-  out += '"';
+  if (!h.doc.is_object()) header_error(source, std::string("a JSON ") + h.doc.type_name() + ", not an object");
+  return h;
+}
+
+std::vector<uint64_t> integers(const nlohmann::json& v, const std::string& what, const std::string& source) {
+  if (!v.is_array()) header_error(source, what + " is not an array");
+  std::vector<uint64_t> out;
+  for (const auto& x : v) {
+    if (!x.is_number_unsigned()) header_error(source, what + " holds " + x.dump() + ", not a non-negative integer");
+    out.push_back(x.get<uint64_t>());
+  }
+  return out;
 }
 
 }  // namespace
@@ -174,65 +105,51 @@ File parse(std::string_view bytes, const std::string& source) {
   if (n > kMaxHeader || n > bytes.size() - 8)
     throw IoError(source + ": safetensors header of " + std::to_string(n) + " bytes in a file of " +
                   std::to_string(bytes.size()) + " (truncated, or not a safetensors file)");
-  Json j(bytes.substr(8, n), source);
+  const Header h = read_header(bytes.substr(8, n), source);
   const std::string_view data = bytes.substr(8 + n);
   File f;
-  std::set<std::string> seen;
   struct Span {
     uint64_t lo, hi;
     size_t index;
   };
   std::vector<Span> spans;
-  j.expect('{');
-  if (!j.peek('}')) do {
-      const std::string name = j.string();
-      j.expect(':');
-      if (!seen.insert(name).second) j.fail("'" + name + "' appears twice");
-      j.expect('{');
-      if (name == "__metadata__") {
-        if (!j.peek('}')) do {
-            std::string k = j.string();
-            j.expect(':');
-            f.metadata.emplace_back(std::move(k), j.string());
-          } while (j.comma());
-        j.expect('}');
-        continue;
+  for (const std::string& name : h.order) {
+    const nlohmann::json& entry = h.doc.at(name);
+    if (!entry.is_object()) header_error(source, "'" + name + "' is not an object");
+    if (name == "__metadata__") {
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) header_error(source, "__metadata__ '" + k + "' is not a string");
+        f.metadata.emplace_back(k, v.get<std::string>());
       }
-      TensorView t;
-      t.name = name;
-      bool has_dtype = false, has_shape = false, has_offsets = false;
-      std::vector<uint64_t> off;
-      if (!j.peek('}')) do {
-          const std::string k = j.string();
-          j.expect(':');
-          if (k == "dtype") t.dtype = j.string(), has_dtype = true;
-          else if (k == "shape") {
-            for (uint64_t d : j.integers()) {
-              if (d > (uint64_t(1) << 48)) j.fail("'" + name + "': dimension " + std::to_string(d) + " is too large");
-              t.shape.push_back(static_cast<int64_t>(d));
-            }
-            has_shape = true;
-          } else if (k == "data_offsets") off = j.integers(), has_offsets = true;
-          else j.fail("'" + name + "': unknown field '" + k + "'");
-        } while (j.comma());
-      j.expect('}');
-      if (!has_dtype || !has_shape || !has_offsets) j.fail("'" + name + "' needs dtype, shape and data_offsets");
-      const size_t es = dtype_bytes(t.dtype);
-      if (!es) j.fail("'" + name + "': unknown dtype '" + t.dtype + "'");
-      if (off.size() != 2 || off[0] > off[1] || off[1] > data.size())
-        throw IoError(source + ": tensor '" + name + "': data_offsets outside the " + std::to_string(data.size()) +
-                      " data bytes (truncated file?)");
-      unsigned __int128 want = es;
-      for (int64_t d : t.shape) want *= static_cast<uint64_t>(d);
-      if (want != off[1] - off[0])
-        throw IoError(source + ": tensor '" + name + "': shape and dtype need " + std::to_string(static_cast<uint64_t>(want)) +
-                      " bytes, its offsets give " + std::to_string(off[1] - off[0]));
-      t.data = data.substr(off[0], off[1] - off[0]);
-      spans.push_back({off[0], off[1], f.tensors.size()});
-      f.tensors.push_back(std::move(t));
-    } while (j.comma());
-  j.expect('}');
-  j.end();
+      continue;
+    }
+    for (const auto& [k, v] : entry.items())
+      if (k != "dtype" && k != "shape" && k != "data_offsets") header_error(source, "'" + name + "': unknown field '" + k + "'");
+    if (!entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
+      header_error(source, "'" + name + "' needs dtype, shape and data_offsets");
+    TensorView t;
+    t.name = name;
+    if (!entry["dtype"].is_string()) header_error(source, "'" + name + "': dtype is not a string");
+    t.dtype = entry["dtype"].get<std::string>();
+    for (uint64_t d : integers(entry["shape"], "'" + name + "': shape", source)) {
+      if (d > (uint64_t(1) << 48)) header_error(source, "'" + name + "': dimension " + std::to_string(d) + " is too large");
+      t.shape.push_back(static_cast<int64_t>(d));
+    }
+    const std::vector<uint64_t> off = integers(entry["data_offsets"], "'" + name + "': data_offsets", source);
+    const size_t es = dtype_bytes(t.dtype);
+    if (!es) header_error(source, "'" + name + "': unknown dtype '" + t.dtype + "'");
+    if (off.size() != 2 || off[0] > off[1] || off[1] > data.size())
+      throw IoError(source + ": tensor '" + name + "': data_offsets outside the " + std::to_string(data.size()) +
+                    " data bytes (truncated file?)");
+    unsigned __int128 want = es;
+    for (int64_t d : t.shape) want *= static_cast<uint64_t>(d);
+    if (want != off[1] - off[0])
+      throw IoError(source + ": tensor '" + name + "': shape and dtype need " + std::to_string(static_cast<uint64_t>(want)) +
+                    " bytes, its offsets give " + std::to_string(off[1] - off[0]));
+    t.data = data.substr(off[0], off[1] - off[0]);
+    spans.push_back({off[0], off[1], f.tensors.size()});
+    f.tensors.push_back(std::move(t));
+  }
   // The tensors tile the data exactly: no overlap, no hole, nothing after (the reference rule).
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.lo < b.lo; });
   uint64_t at = 0;
@@ -256,34 +173,34 @@ std::string serialize(std::vector<TensorData> tensors, const std::vector<std::pa
       throw Error("safetensors: " + t.name + " has " + std::to_string(t.data.size()) + " bytes for its shape's " +
                   std::to_string(want));
   }
+  std::set<std::string> names;
+  for (const auto& t : tensors)
+    if (t.name == "__metadata__" || !names.insert(t.name).second)
+      throw Error("safetensors: the tensor name '" + t.name + "' is " +
+                  (t.name == "__metadata__" ? "reserved for the metadata" : "given twice"));
   std::stable_sort(tensors.begin(), tensors.end(), [](const TensorData& a, const TensorData& b) {
     const int ra = dtype_rank(a.dtype), rb = dtype_rank(b.dtype);
     return ra != rb ? ra > rb : a.name < b.name;
   });
-  std::string h = "{";
+  // The reference writer's header: no spaces, __metadata__ first, then the tensors in the order
+  // above with their offsets into the data; ordered_json keeps that order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
-    h += "\"__metadata__\":{";
-    for (size_t i = 0; i < metadata.size(); ++i) {
-      if (i) h += ',';
-      put_json_string(h, metadata[i].first);
-      h += ':';
-      put_json_string(h, metadata[i].second);
-    }
-    h += "}";
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = std::move(m);
   }
   size_t at = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& t = tensors[i];
-    if (i || !metadata.empty()) h += ',';
-    put_json_string(h, t.name);
-    h += ":{\"dtype\":";
-    put_json_string(h, t.dtype);
-    h += ",\"shape\":[";
-    for (size_t k = 0; k < t.shape.size(); ++k) h += (k ? "," : "") + std::to_string(t.shape[k]);
-    h += "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(at + t.data.size()) + "]}";
+  for (const auto& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {at, at + t.data.size()}}};
     at += t.data.size();
   }
-  h += "}";
+  std::string h;
+  try {
+    h = header.dump();
+  } catch (const nlohmann::json::type_error& e) {  // a name that is not UTF-8
+    throw Error(std::string("safetensors: a tensor or metadata name is not UTF-8 text (") + e.what() + ")");
+  }
   h.append((8 - h.size() % 8) % 8, ' ');
   std::string out(8, '\0');
   uint64_t n = h.size();

@@ -1,22 +1,17 @@
 // Timeline recording and the Chrome trace-event JSON writer (one event per line).
 #include "core/timeline.h"
 
-#include <cstdio>
+#include <cmath>
 #include <sstream>
 
 #include "core/file_io.h"
+#include "core/json.h"
 
 namespace replica {
 
 namespace {
-std::string escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
+// Trace times are microseconds; a nanosecond is the clock's resolution, so three decimals.
+double micros(int64_t ns) { return std::round(static_cast<double>(ns)) / 1000.0; }
 }  // namespace
 
 Timeline::Timeline() : t0_(std::chrono::steady_clock::now()) {}
@@ -51,6 +46,8 @@ size_t Timeline::size() const {
 
 void Timeline::write_chrome_json(const std::string& path) const {
   std::lock_guard<std::mutex> lock(m_);
+  // One event per line inside the document's two fixed lines: a long run's trace is written
+  // event by event, never held as one JSON tree.
   std::ostringstream os;
   os << "{\"traceEvents\":[\n";
   bool first = true;
@@ -60,25 +57,20 @@ void Timeline::write_chrome_json(const std::string& path) const {
   };
   for (auto& [track, name] : names_) {
     sep();
-    os << "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":0,\"tid\":" << track << ",\"args\":{\"name\":\""
-       << escape(name) << "\"}}";
+    os << json_line({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", track}, {"args", {{"name", name}}}});
   }
-  char num[64];
   for (const auto& e : events_) {
     sep();
-    std::snprintf(num, sizeof num, "%.3f", e.ts / 1000.0);
-    os << "{\"ph\":\"" << e.ph << "\",\"name\":\"" << escape(e.name) << "\",\"cat\":\"" << e.cat
-       << "\",\"pid\":0,\"tid\":" << e.track << ",\"ts\":" << num;
+    Json j = {{"ph", std::string(1, e.ph)}, {"name", e.name}, {"cat", e.cat}, {"pid", 0}, {"tid", e.track},
+              {"ts", micros(e.ts)}};
     if (e.ph == 'X') {
-      std::snprintf(num, sizeof num, "%.3f", e.dur / 1000.0);
-      os << ",\"dur\":" << num;
+      j["dur"] = micros(e.dur);
     } else {
-      os << ",\"args\":{";
-      for (size_t i = 0; i < e.values.size(); ++i)
-        os << (i ? "," : "") << "\"" << escape(e.values[i].first) << "\":" << e.values[i].second;
-      os << "}";
+      Json args = Json::object();
+      for (const auto& [k, v] : e.values) args[k] = v;
+      j["args"] = std::move(args);
     }
-    os << "}";
+    os << json_line(j);
   }
   os << "\n],\"displayTimeUnit\":\"ms\"}\n";
   write_file_atomic(path, os.str());

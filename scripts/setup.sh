@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 mode="${1:-build}"
 case "$mode" in --run|--test|build) ;; *) echo "usage: scripts/setup.sh [--run|--test]" >&2; exit 2 ;; esac
 
-packages=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev libyaml-cpp-dev googletest libgtest-dev
+packages=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev googletest libgtest-dev
           libturbojpeg0-dev libpng-dev
           libbenchmark-dev zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
 # The sanitizer and fuzz jobs of --test: Debian's clang with its libFuzzer runtime, bc for the fuzz table; slurm-wlm

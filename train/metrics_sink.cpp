@@ -18,24 +18,20 @@ std::string StepRecord::line() const {
 }
 
 std::string StepRecord::json() const {
-  JsonWriter j;
-  j.begin_object()
-      .field("kind", "step")
-      .field("step", step)
-      .field("epoch", epoch)
-      .field("loss", loss)
-      .field("accuracy", accuracy)
-      .field("lr", lr)
-      .field("scale", scale)
-      .field("skipped", skipped)
-      .field("applied", applied)
-      .field("grad_norm", grad_norm)
-      .field("img_per_s", img_per_s)
-      .field("data_wait_s", data_wait_s)
-      .field("pool_in_use_mib", pool_in_use_mib)
-      .field("pool_peak_mib", pool_peak_mib)
-      .end_object();
-  return j.str();
+  return json_line({{"kind", "step"},
+                    {"step", step},
+                    {"epoch", epoch},
+                    {"loss", json_number(loss)},
+                    {"accuracy", json_number(accuracy)},
+                    {"lr", json_number(lr)},
+                    {"scale", json_number(scale)},
+                    {"skipped", skipped},
+                    {"applied", applied},
+                    {"grad_norm", json_number(grad_norm)},
+                    {"img_per_s", json_number(img_per_s)},
+                    {"data_wait_s", json_number(data_wait_s)},
+                    {"pool_in_use_mib", json_numbers(pool_in_use_mib)},
+                    {"pool_peak_mib", json_numbers(pool_peak_mib)}});
 }
 
 std::string EvalRecord::line() const {
@@ -46,17 +42,13 @@ std::string EvalRecord::line() const {
 }
 
 std::string EvalRecord::json() const {
-  JsonWriter j;
-  j.begin_object()
-      .field("kind", "eval")
-      .field("step", step)
-      .field("epoch", epoch)
-      .field("loss", loss)
-      .field("accuracy", accuracy)
-      .field("count", count)
-      .field("epoch_seconds", epoch_seconds)
-      .end_object();
-  return j.str();
+  return json_line({{"kind", "eval"},
+                    {"step", step},
+                    {"epoch", epoch},
+                    {"loss", json_number(loss)},
+                    {"accuracy", json_number(accuracy)},
+                    {"count", count},
+                    {"epoch_seconds", json_number(epoch_seconds)}});
 }
 
 void ProgressPrinter::step(const StepRecord& r, bool logged) {

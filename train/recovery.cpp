@@ -139,26 +139,22 @@ struct ShrinkRecord {
     return b;
   }
   std::string json() const {
-    JsonWriter j;
-    j.begin_object()
-        .field("kind", "event")
-        .field("event", "replica_lost")
-        .field("step", step)
-        .field("lost_rank", static_cast<int64_t>(lost))
-        .field("lost_device", lost_device)
-        .field("cause", cause)
-        .field("world_before", static_cast<int64_t>(world_before))
-        .field("world_after", static_cast<int64_t>(world_after))
-        .field("devices", layout)
-        .field("accumulation", static_cast<int64_t>(accumulation_after))
-        .field("checkpoint", checkpoint)
-        .field("recovery_s", total_s)
-        .field("detect_s", detect_s)
-        .field("checkpoint_s", write_s)
-        .field("rebuild_s", rebuild_s)
-        .field("resume_s", resume_s)
-        .end_object();
-    return j.str();
+    return json_line({{"kind", "event"},
+                      {"event", "replica_lost"},
+                      {"step", step},
+                      {"lost_rank", lost},
+                      {"lost_device", lost_device},
+                      {"cause", cause},
+                      {"world_before", world_before},
+                      {"world_after", world_after},
+                      {"devices", layout},
+                      {"accumulation", accumulation_after},
+                      {"checkpoint", checkpoint},
+                      {"recovery_s", json_number(total_s)},
+                      {"detect_s", json_number(detect_s)},
+                      {"checkpoint_s", json_number(write_s)},
+                      {"rebuild_s", json_number(rebuild_s)},
+                      {"resume_s", json_number(resume_s)}});
   }
 };
 }  // namespace

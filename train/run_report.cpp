@@ -62,37 +62,31 @@ std::string RunReport::text() const {
 }
 
 std::string RunReport::json() const {
-  JsonWriter j;
-  j.begin_object()
-      .field("kind", "summary")
-      .field("steps", steps)
-      .field("images", images)
-      .field("wall_s", wall_s)
-      .field("images_per_s", images_per_s)
-      .field("replicas", static_cast<int64_t>(replicas))
-      .field("devices", devices)
-      .field("data_wait_s", data_wait_s)
-      .field("compute_s", compute_s)
-      .field("allreduce_wait_s", allreduce_wait_s)
-      .field("optimizer_s", optimizer_s)
-      .field("eval_s", eval_s)
-      .field("checkpoint_s", checkpoint_s)
-      .field("peak_mib", peak_mib)
-      .field("capacity_mib", capacity_mib)
-      .field("pressure_steps", pressure_steps)
-      .field("device_hours", device_hours())
-      .field("cost_per_device_hour", cost_per_device_hour)
-      .field("shard", shard)
-      .field("params_mib", params_mib)
-      .field("grads_mib", grads_mib)
-      .field("optimizer_mib", optimizer_mib)
-      .field("events", [&] {
-        std::string all;
-        for (const auto& e : events) all += (all.empty() ? "" : "\n") + e;
-        return all;
-      }())
-      .end_object();
-  return j.str();
+  std::string all_events;
+  for (const auto& e : events) all_events += (all_events.empty() ? "" : "\n") + e;
+  return json_line({{"kind", "summary"},
+                    {"steps", steps},
+                    {"images", images},
+                    {"wall_s", json_number(wall_s)},
+                    {"images_per_s", json_number(images_per_s)},
+                    {"replicas", replicas},
+                    {"devices", devices},
+                    {"data_wait_s", json_number(data_wait_s)},
+                    {"compute_s", json_number(compute_s)},
+                    {"allreduce_wait_s", json_number(allreduce_wait_s)},
+                    {"optimizer_s", json_number(optimizer_s)},
+                    {"eval_s", json_number(eval_s)},
+                    {"checkpoint_s", json_number(checkpoint_s)},
+                    {"peak_mib", json_numbers(peak_mib)},
+                    {"capacity_mib", json_numbers(capacity_mib)},
+                    {"pressure_steps", pressure_steps},
+                    {"device_hours", json_number(device_hours())},
+                    {"cost_per_device_hour", json_number(cost_per_device_hour)},
+                    {"shard", shard},
+                    {"params_mib", json_number(params_mib)},
+                    {"grads_mib", json_number(grads_mib)},
+                    {"optimizer_mib", json_number(optimizer_mib)},
+                    {"events", all_events}});
 }
 
 RunReport RunReport::from_json(const std::string& line) {

@@ -177,6 +177,35 @@ TEST(Safetensors, DamageIsRefusedByName) {
   std::string bad_json = good;
   bad_json[9] = '[';
   expect_error(bad_json, "safetensors header, byte");
+  // What the JSON library would accept but the reference reader refuses.
+  auto with_header = [](const std::string& h) {
+    std::string out(8, '\0');
+    for (int k = 0; k < 8; ++k) out[k] = static_cast<char>((h.size() >> (8 * k)) & 0xff);
+    return out + h;
+  };
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[],"data_offsets":[0,0]},"a":{}})"), "'a' appears twice");
+  expect_error(with_header(R"({"a":{"dtype":"F32","dtype":"F16","shape":[],"data_offsets":[0,0]}})"), "'dtype' appears twice");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[[1]],"data_offsets":[0,4]}})"), "nested deeper");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})"), "not a non-negative integer");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})"), "not a non-negative integer");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[1]}})"), "needs dtype, shape and data_offsets");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})"), "unknown field 'x'");
+  expect_error(with_header(R"({"__metadata__":{"k":1}})"), "is not a string");
+  expect_error(with_header(R"([1])"), "not an object");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}})"), "safetensors header");
+  // The names come back in the file's order (a JSON object's keys would sort), with escapes undone.
+  const std::string two =
+      with_header(R"({"z":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"\u00e9a\n":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})") +
+      "xy";
+  const auto ordered = safetensors::parse(two, "o");  // views into `two`
+  ASSERT_EQ(ordered.tensors.size(), 2u);
+  EXPECT_EQ(ordered.tensors[0].name, "z");
+  EXPECT_EQ(ordered.tensors[1].name, "\xC3\xA9" "a\n");
+  EXPECT_EQ(ordered.tensors[1].data, "y");
+  // The writer refuses what would not read back.
+  EXPECT_THROW(safetensors::serialize({{"a", "U8", {1}, "x"}, {"a", "U8", {1}, "y"}}, {}), Error);
+  EXPECT_THROW(safetensors::serialize({{"__metadata__", "U8", {1}, "x"}}, {}), Error);
+  EXPECT_THROW(safetensors::serialize({{std::string("a") + char(0xff), "U8", {1}, "x"}}, {}), Error);
 }
 
 // model.init_from: a run starts from another run's exported weights; with another number of
