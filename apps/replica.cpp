@@ -8,6 +8,7 @@
 
 #include "apps/bench.h"
 #include "apps/build_info.h"
+#include "apps/plan.h"
 #include "core/cuda/runtime.h"
 #include "core/device.h"
 #include "core/errors.h"
@@ -200,10 +201,11 @@ struct Args {
   apps::TrainBenchOptions tb;
   std::string replay;
   apps::DataBenchOptions db;
+  apps::PlanArgs plan;
 };
 
 struct Commands {
-  CLI::App *train, *eval, *devices, *memplan, *export_, *import, *report, *pack;
+  CLI::App *train, *eval, *devices, *memplan, *plan, *export_, *import, *report, *pack;
   CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data;
 };
 
@@ -211,6 +213,30 @@ void add_config_options(CLI::App* c, Args& a) {
   c->add_option("config", a.config, "YAML run configuration (default: the built-in configs/default.yaml)");
   c->add_option("--set", a.sets, "override a key: --set train.epochs=1 (repeatable)")->allow_extra_args(false);
   c->add_option("--devices", a.devices, "auto, cpu:N, cuda:0,1 (overrides parallel.devices)");
+}
+
+// plan: the scaling and cost model (apps/plan.h). Its --devices are counts, not a device list.
+void add_plan_command(CLI::App& app, Args& a, Commands& c) {
+  auto& p = a.plan;
+  c.plan = app.add_subcommand("plan", "predict step time, img/s, scaling, exposed all-reduce, memory and cost on N devices");
+  c.plan->add_option("config", p.config, "YAML run configuration (default: the built-in configs/default.yaml)");
+  c.plan->add_option("--set", p.sets, "override a key (repeatable)")->allow_extra_args(false);
+  c.plan->add_option("--devices", p.devices, "device counts: N or NODESxPER_NODE, comma-separated (default 1,2,4,8)");
+  c.plan->add_option("--link", p.links, "intra-node link, one line each: pcie3|pcie4|pcie5|nvlink1..4|ib-*|eth*")
+      ->delimiter(',');
+  c.plan->add_option("--inter-link", p.inter_link, "across nodes: ib-edr|ib-hdr|ib-ndr|eth10|eth25|eth50|eth100|eth400");
+  c.plan->add_option("--nics", p.nics, "network ports per node (default 1; 8 on DGX-class nodes)");
+  c.plan->add_option("--link-file", p.link_file, "replica bench allreduce output (fitted) or YAML {name, alpha_us, bandwidth_gbs}");
+  c.plan->add_flag("--profile", p.profile, "measure the step profile on this configuration's device (the default)");
+  c.plan->add_option("--device-profile", p.device_profile, "a profile saved elsewhere (--save-profile) instead of measuring");
+  c.plan->add_option("--save-profile", p.save_profile, "write the profile used (JSON) for planning on another machine");
+  c.plan->add_option("--profile-steps", p.profile_steps, "measured steps per micro-batch (default 5)");
+  c.plan->add_option("--cores", p.cores, "CPU replicas: cores per node (default: this machine's)");
+  c.plan->add_option("--data-images-per-s", p.data_images_per_s, "input pipeline rate per node (replica bench data)");
+  c.plan->add_option("--epochs", p.epochs, "epochs for the time and cost columns (default train.epochs)");
+  c.plan->add_option("--cost-per-device-hour", p.cost_per_device_hour, "price of one device for an hour");
+  c.plan->add_flag("!--no-memory", p.memory, "skip memplan (faster)");
+  c.plan->add_flag("--json", p.json, "one JSON object instead of the table");
 }
 
 // train, eval, devices, memplan: the commands that read a run configuration.
@@ -229,6 +255,7 @@ void add_run_commands(CLI::App& app, Args& a, Commands& c) {
   add_config_options(c.devices, a);
   c.memplan = app.add_subcommand("memplan", "memory per replica by tag, whether it fits, the largest micro-batch");
   add_config_options(c.memplan, a);
+  add_plan_command(app, a, c);
 }
 
 // export, import, report, pack: weights, run directories and data sets in and out.
@@ -320,6 +347,7 @@ int dispatch(const Commands& c, Args& a) {
     std::printf("%s", train::plan_memory(train::load_config(a.config, a.sets)).report().c_str());
     return 0;
   }
+  if (*c.plan) return apps::run_plan(a.plan);
   if (*c.export_) return cmd_export(a.config, a.sets, a.model_path, a.format, a.dtype, a.out_path);
   if (*c.import) return cmd_import(a.config, a.sets, a.st_path, a.out_path);
   if (*c.report) {

@@ -17,6 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/file_io.h"
+#include "core/json.h"
+
 namespace {
 
 const std::string kBin = std::string(REPLICA_BINARY_DIR) + "/apps/replica";
@@ -431,4 +434,54 @@ TEST(Cli, EveryCpuLevelIsDeterministicAndForcingOneIsChecked) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("REPLICA_CPU_ISA='avx3' is not a level: use baseline, avx2 or avx512"), std::string::npos)
       << r.out;
+}
+
+// `replica plan`: a line per alternative from a profile measured here and a fitted or table link;
+// its JSON parses; a saved profile plans elsewhere and is refused for another model; bad input
+// exits 2 naming what to pass.
+TEST(Cli, PlanPredictsEachAlternativeAndNamesBadInput) {
+  const std::string dir = ::testing::TempDir() + "replica_plan";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string tiny =
+      " --set model.width=4 --set data.dataset=synthetic --set data.synthetic_shape=[8,8,1] --set data.synthetic_size=64"
+      " --set data.mean=[0.5] --set data.std=[0.25] --set train.global_batch=16 --set parallel.devices=cpu:1";
+  auto bench = run("bench allreduce --devices cpu:2 -b 1K -e 1M -f 4 -n 3");
+  ASSERT_EQ(bench.code, 0) << bench.out;
+  replica::write_file_atomic(dir + "/link.txt", bench.out);
+  auto r = run("plan" + tiny + " --devices 1,2,4 --link-file " + dir + "/link.txt --profile-steps 2 --save-profile " +
+               dir + "/profile.json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {"global batch 16", "\n1 fitted", "\n2 fitted", "\n4 fitted", "link fitted: fitted to"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  // The saved profile plans GPUs on a table link, as JSON; the same numbers every time.
+  auto j = run("plan" + tiny + " --devices 2,2x2 --link nvlink4 --inter-link ib-ndr --no-memory --json --device-profile " +
+               dir + "/profile.json");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const std::string line = j.out.substr(j.out.find("{\"kind\":\"plan\""));
+  const replica::Json plan = replica::Json::parse(line);
+  ASSERT_EQ(plan["alternatives"].size(), 2u);
+  EXPECT_EQ(plan["alternatives"][1]["nodes"], 2);
+  EXPECT_EQ(plan["alternatives"][1]["inter_link"], "ib-ndr");
+  EXPECT_GT(plan["alternatives"][0]["images_per_s"].get<double>(), 0);
+  EXPECT_EQ(run("plan" + tiny + " --devices 2,2x2 --link nvlink4 --inter-link ib-ndr --no-memory --json --device-profile " +
+                dir + "/profile.json").out,
+            j.out);
+  struct Bad {
+    std::string args, needle;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {tiny + " --devices 2 --link nvlink9", "--link 'nvlink9' is not a known link"},
+           {tiny + " --devices 2", "--link-file FILE is needed for CPU replicas"},
+           {tiny + " --devices 3 --link pcie4", "does not divide train.global_batch 16"},
+           {tiny + " --devices 2x2 --link pcie4", "--inter-link"},
+           {tiny + " --devices two --link pcie4", "'two' is not a positive count"},
+           {" --set model.arch=resnet32" + tiny + " --devices 2 --link pcie4 --device-profile " + dir + "/profile.json",
+            "is a profile of 'resnet20"},
+           {tiny + " --devices 2 --link pcie4 --device-profile " + dir + "/link.txt", "not a step profile"},
+       }) {
+    auto e = run("plan" + b.args + " --no-memory");
+    EXPECT_EQ(e.code, 2) << b.args << "\n" << e.out;
+    EXPECT_NE(e.out.find(b.needle), std::string::npos) << b.needle << "\n" << e.out;
+  }
 }

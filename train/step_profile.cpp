@@ -1,0 +1,183 @@
+// Measuring a step profile (timed forward, backward with each slot's ready time, optimizer) and
+// its JSON file.
+#include "train/step_profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/device.h"
+#include "core/cuda/runtime.h"
+#include "core/errors.h"
+#include "core/json.h"
+#include "core/pools.h"
+#include "ops/cpu/threads.h"
+#include "ops/nn/training_pass.h"
+#include "train/factory.h"
+#include "train/trainer.h"
+
+namespace replica::train {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t StepProfile::params() const {
+  int64_t n = 0;
+  for (int64_t e : slot_elements) n += e;
+  return n;
+}
+
+StepProfile StepProfile::at_micro_batch(int64_t b) const {
+  StepProfile p = *this;
+  const double f = static_cast<double>(b) / static_cast<double>(micro_batch);
+  p.micro_batch = b;
+  p.forward_s *= f;
+  p.backward_s *= f;
+  for (double& t : p.slot_ready_s) t *= f;
+  return p;
+}
+
+std::string StepProfile::json() const {
+  Json slots = Json::array();
+  for (size_t i = 0; i < slot_elements.size(); ++i) slots.push_back({slot_elements[i], slot_ready_s[i]});
+  Json j = {{"kind", "replica step profile"}, {"version", 1},       {"model", model},
+            {"device", device},              {"micro_batch", micro_batch},
+            {"steps", steps},                {"forward_s", forward_s}, {"backward_s", backward_s},
+            {"optimizer_s", optimizer_s},    {"slots", std::move(slots)}};
+  return j.dump(1) + "\n";
+}
+
+StepProfile StepProfile::from_json(const std::string& text, const std::string& source) {
+  const std::string hint = " (write one with: replica plan CONFIG --profile --save-profile FILE)";
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
+    throw ConfigError(source + ": not a step profile: " + e.what() + hint);
+  }
+  StepProfile p;
+  try {
+    if (j.at("kind") != "replica step profile") throw ConfigError(source + ": not a step profile" + hint);
+    if (j.at("version") != 1) throw ConfigError(source + ": step profile version " + j.at("version").dump() + ", this replica reads 1");
+    p.model = j.at("model").get<std::string>();
+    p.device = j.at("device").get<std::string>();
+    p.micro_batch = j.at("micro_batch").get<int64_t>();
+    p.steps = j.at("steps").get<int>();
+    p.forward_s = j.at("forward_s").get<double>();
+    p.backward_s = j.at("backward_s").get<double>();
+    p.optimizer_s = j.at("optimizer_s").get<double>();
+    for (const auto& s : j.at("slots")) {
+      p.slot_elements.push_back(s.at(0).get<int64_t>());
+      p.slot_ready_s.push_back(s.at(1).get<double>());
+    }
+  } catch (const Json::exception& e) {
+    throw ConfigError(source + ": a step profile without the fields this replica writes: " + e.what() + hint);
+  }
+  if (p.micro_batch <= 0 || p.slot_elements.empty() || !(p.forward_s > 0) || !(p.backward_s > 0))
+    throw ConfigError(source + ": the step profile holds no measured step (micro_batch, slots, times)" + hint);
+  return p;
+}
+
+std::string profile_model_key(const RunConfig& cfg) {
+  auto ds = make_dataset(cfg.data, "test");  // shape and classes only
+  const Shape s = ds->sample_shape();
+  return cfg.model.arch + (cfg.model.width > 0 ? " width " + std::to_string(cfg.model.width) : "") + " " +
+         std::to_string(s[0]) + "x" +
+         std::to_string(s[1]) + "x" + std::to_string(s[2]) + ", " + std::to_string(ds->classes()) + " classes, " +
+         cfg.train.precision + ", " + cfg.optim.name;
+}
+
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
+
+StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps) {
+  const Device device = parse_devices(cfg.parallel.devices).at(0);
+  const bool gpu = device.kind == DeviceKind::cuda;
+  if (gpu) cuda::set_device(device.index);
+  else ops::set_intra_op_threads(cfg.parallel.intra_op_threads);
+  auto ds = make_dataset(cfg.data, "test");
+  const Shape sample = ds->sample_shape();
+  PoolOptions po;
+  po.mode = AllocatorMode::growth;
+  auto pool = make_pool(gpu ? device : Device{DeviceKind::cpu, 0}, po);
+  const DType dt = parse_dtype(cfg.train.precision);
+  auto model = make_model(cfg, sample, ds->classes());
+  model->materialize(*pool, 0, dt);
+  auto opt = make_optimizer(cfg.optim, *model, *pool);
+  // Inputs and labels like a data set's (not zeros: a step on zeros is not the same work, e.g.
+  // batch norm of a constant, a loss at its symmetric point).
+  Tensor x = Tensor::empty(*pool, {micro, sample[0], sample[1], sample[2]}, DType::f32, MemTag::other);
+  Tensor y = Tensor::empty(*pool, {micro}, DType::i32, MemTag::other);
+  {
+    std::vector<float> hx(static_cast<size_t>(x.numel()));
+    std::vector<int32_t> hy(static_cast<size_t>(micro));
+    uint32_t r = 12345;
+    for (float& v : hx) r = r * 1664525u + 1013904223u, v = static_cast<float>(r >> 8) / 16777216.0f - 0.5f;
+    for (size_t i = 0; i < hy.size(); ++i) hy[i] = static_cast<int32_t>(i % static_cast<size_t>(ds->classes()));
+    const Device host{DeviceKind::cpu, 0};
+    copy_tensor(Tensor::wrap(hx.data(), x.shape(), DType::f32, host), x, nullptr);
+    copy_tensor(Tensor::wrap(hy.data(), y.shape(), DType::i32, host), y, nullptr);
+  }
+  Tensor tiny = Tensor::zeros(*pool, {1}, DType::f32, MemTag::other);
+  auto& be = ops::backend_for(pool->device());
+  // A GPU's kernels run behind the host: wait for them at each mark (it serialises the step a
+  // little; the profile is about where the time goes, not the last percent).
+  auto settle = [&] {
+    if (!gpu) return;
+    float f;
+    be.read_to_host(tiny, &f);
+  };
+  const size_t slots = model->registry().params().size();
+  std::vector<std::vector<double>> ready(slots);
+  std::vector<double> fwd, bwd, opt_s;
+  for (int i = 0; i < steps + 2; ++i) {
+    nn::Context ctx(*pool, be, true);
+    ctx.act_dtype = dt;
+    ctx.bn_frozen = cfg.model.freeze_bn;
+    std::vector<double> at(slots, 0);
+    Clock::time_point b0;
+    ctx.on_grads_ready = [&](int first, int count) {
+      settle();
+      const double t = since(b0);
+      for (int s = first; s < first + count; ++s) at[static_cast<size_t>(s)] = t;
+    };
+    settle();
+    const auto t0 = Clock::now();
+    Tensor d;
+    nn::forward_and_loss(ctx, *model, x, y, 1.f / static_cast<float>(micro), d);
+    settle();
+    const double f = since(t0);
+    b0 = Clock::now();
+    model->backward(ctx, d);
+    settle();
+    const double b = since(b0);
+    const auto o0 = Clock::now();
+    opt->step(model->params(), model->grads(), 0.f);
+    settle();
+    const double o = since(o0);
+    if (i < 2) continue;  // first steps: allocations, cuDNN's algorithm search
+    fwd.push_back(f), bwd.push_back(b), opt_s.push_back(o);
+    for (size_t s = 0; s < slots; ++s) ready[s].push_back(at[s]);
+  }
+  StepProfile p;
+  p.model = profile_model_key(cfg);
+  p.device = gpu ? device.str() + " (" + cuda_devices().at(device.index).name + ")"
+                 : "cpu (" + cpu_device_info(0).name + ", " + std::to_string(cfg.parallel.intra_op_threads) +
+                       " thread(s) per replica)";
+  p.micro_batch = micro;
+  p.steps = steps;
+  p.forward_s = median(fwd);
+  p.backward_s = median(bwd);
+  p.optimizer_s = median(opt_s);
+  for (size_t s = 0; s < slots; ++s) {
+    p.slot_elements.push_back(model->registry().params()[s].shape.numel());
+    p.slot_ready_s.push_back(median(ready[s]));
+  }
+  return p;
+}
+
+}  // namespace replica::train

@@ -1,0 +1,40 @@
+// A step profile: what `replica plan` needs to know about one replica's step of this model on
+// this device, measured (`replica plan --profile`) or read from a file another machine wrote
+// (`--save-profile` there, `--device-profile` here): forward, backward and optimizer times at one
+// micro-batch, and for every parameter slot its size and when in backward its gradient was
+// final (the order GradientSync's buckets fill in).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+namespace replica::train {
+
+struct StepProfile {
+  std::string model;      // "resnet50 224x224x3, 1000 classes, fp32": a profile plans only its own model
+  std::string device;     // where it was measured, e.g. "cpu (AMD EPYC, 1 thread per replica)"
+  int64_t micro_batch = 0;
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;  // medians over the measured steps
+  std::vector<int64_t> slot_elements;  // parameter slots in registration order
+  std::vector<double> slot_ready_s;    // seconds into backward when each slot's gradient was final
+  int steps = 0;                       // measured steps behind the medians
+
+  int64_t params() const;
+  // The same step at micro-batch b: compute times scale linearly with the batch (what a
+  // convolution's FLOPs do; small batches on a GPU are slower than that, so measure at the
+  // micro-batch the plan uses where possible); the optimizer does not change.
+  StepProfile at_micro_batch(int64_t b) const;
+  std::string json() const;
+  static StepProfile from_json(const std::string& text, const std::string& source);
+};
+
+// "resnet20 28x28x1, 10 classes, fp32": what a profile must match to plan a configuration.
+std::string profile_model_key(const RunConfig& cfg);
+// Measures `steps` training steps (after 2 unmeasured) of one replica of `cfg` at micro-batch
+// `micro` on the configuration's first device, in a scratch pool: no data loading, no
+// communication. A CPU replica runs with parallel.intra_op_threads threads, as in training.
+StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps = 5);
+
+}  // namespace replica::train
