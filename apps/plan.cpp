@@ -49,7 +49,19 @@ class Profiles {
   }
   bool measured() const { return a_.device_profile.empty(); }
   train::StepProfile at(int64_t micro) {
+    if (a_.device_images_per_s > 0) {
+      // The rate is the device's at the profile's own micro-batch; then scaled to `micro`.
+      const train::StepProfile base = measured() ? measure(measured_micro()) : file_;
+      return base.scaled_to(a_.device_images_per_s).at_micro_batch(micro);
+    }
     if (!measured()) return file_.at_micro_batch(micro);
+    return measure(micro);
+  }
+
+ private:
+  // A scaled profile is measured once, at the configuration's micro-batch (or 8).
+  int64_t measured_micro() const { return cfg_.train.micro_batch > 0 ? cfg_.train.micro_batch : 8; }
+  train::StepProfile measure(int64_t micro) {
     auto it = measured_.find(micro);
     if (it == measured_.end()) {
       std::fprintf(stderr, "replica plan: measuring %d steps at micro-batch %ld on %s ...\n", a_.profile_steps,
@@ -59,7 +71,6 @@ class Profiles {
     return it->second;
   }
 
- private:
   const train::RunConfig& cfg_;
   const PlanArgs& a_;
   train::StepProfile file_;
@@ -71,9 +82,11 @@ class Profiles {
 int run_plan(const PlanArgs& a) {
   train::RunConfig cfg = train::load_config(a.config, a.sets);
   const auto targets = train::parse_device_counts(a.devices);
-  const Device local = parse_devices(cfg.parallel.devices).at(0);
-  const bool cpu = local.kind == DeviceKind::cpu;
-  const auto links = intra_links(a, cpu);
+  // CPU replicas when the configuration names them (only asked when no link was given, so a GPU
+  // configuration plans from a saved profile on a machine without GPUs).
+  const bool config_on_cpu = a.links.empty() && a.link_file.empty() &&
+                             parse_devices(cfg.parallel.devices).at(0).kind == DeviceKind::cpu;
+  const auto links = intra_links(a, config_on_cpu);
   parallel::Link inter;
   bool multi_node = false;
   for (const auto& [nodes, per] : targets) multi_node |= nodes > 1;
@@ -87,11 +100,8 @@ int run_plan(const PlanArgs& a) {
   o.wire_bytes = static_cast<double>(dtype_size(parse_dtype(cfg.parallel.grad_dtype)));
   o.bucket_mb = cfg.parallel.bucket_mb;
   o.first_bucket_mb = cfg.parallel.first_bucket_mb;
-  if (cpu) {
-    o.cpu_cores_per_node = a.cores > 0 ? a.cores : host_core_count();
-    o.threads_per_replica = cfg.parallel.intra_op_threads;
-    o.pinned = cfg.parallel.pin_threads && cfg.parallel.intra_op_threads == 1;  // as the trainer pins
-  }
+  o.threads_per_replica = cfg.parallel.intra_op_threads;
+  o.pinned = cfg.parallel.pin_threads && cfg.parallel.intra_op_threads == 1;  // as the trainer pins
   o.data_images_per_s = a.data_images_per_s;
   o.epochs = a.epochs >= 0 ? a.epochs : cfg.train.epochs;
   o.cost_per_device_hour = a.cost_per_device_hour >= 0 ? a.cost_per_device_hour : cfg.run.cost_per_device_hour;
@@ -104,7 +114,7 @@ int run_plan(const PlanArgs& a) {
   // micro-batch that fits it: a device's share beyond that is accumulated.
   auto memplan_for = [&](int n, int64_t micro) -> train::MemPlan {
     train::RunConfig c = cfg;
-    if (cpu) c.parallel.devices = "cpu:" + std::to_string(n);
+    if (parse_devices(c.parallel.devices).at(0).kind == DeviceKind::cpu) c.parallel.devices = "cpu:" + std::to_string(n);
     return train::plan_memory(c, micro);
   };
   std::string memory_note;
@@ -120,6 +130,14 @@ int run_plan(const PlanArgs& a) {
   std::vector<std::string> memory;
   train::StepProfile shown;
   for (const auto& link : links) {
+    // A link fitted to CPU replicas' all-reduce (host threads or MPI processes) means replicas
+    // sharing this kind of node's cores; table links are dedicated devices.
+    if (link.name == "host" || link.name == "mpi") {
+      o.cpu_cores_per_node = a.cores > 0 ? a.cores : host_core_count();
+      o.process_per_replica = link.name == "mpi";
+    } else {
+      o.cpu_cores_per_node = 0;
+    }
     for (const auto& [nodes, per] : targets) {
       train::PlanTarget t;
       t.nodes = nodes;

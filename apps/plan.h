@@ -18,6 +18,7 @@ struct PlanArgs {
   std::string save_profile;
   bool profile = false;             // measure here (the default without --device-profile)
   int profile_steps = 5;
+  double device_images_per_s = 0;   // rescale the profile to this rate per device (0: as measured)
   int cores = 0;                    // CPU replicas: the node's cores (0: this machine's)
   double data_images_per_s = 0;
   double epochs = -1;               // -1: train.epochs

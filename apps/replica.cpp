@@ -231,6 +231,8 @@ void add_plan_command(CLI::App& app, Args& a, Commands& c) {
   c.plan->add_option("--device-profile", p.device_profile, "a profile saved elsewhere (--save-profile) instead of measuring");
   c.plan->add_option("--save-profile", p.save_profile, "write the profile used (JSON) for planning on another machine");
   c.plan->add_option("--profile-steps", p.profile_steps, "measured steps per micro-batch (default 5)");
+  c.plan->add_option("--device-images-per-s", p.device_images_per_s,
+                     "rescale the profile: one device trains this many img/s at the profile's micro-batch");
   c.plan->add_option("--cores", p.cores, "CPU replicas: cores per node (default: this machine's)");
   c.plan->add_option("--data-images-per-s", p.data_images_per_s, "input pipeline rate per node (replica bench data)");
   c.plan->add_option("--epochs", p.epochs, "epochs for the time and cost columns (default train.epochs)");

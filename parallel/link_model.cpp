@@ -90,12 +90,19 @@ Collective all_reduce(double bytes, int nodes, int per_node, const Link& intra, 
 
 Link fit_link(const std::string& text, const std::string& source) {
   int ranks = 0;
+  std::string name = "fitted";
   std::vector<std::pair<double, double>> rows;  // bytes, seconds
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("# replica bench allreduce:", 0) == 0) {
       std::istringstream h(line.substr(26));
       h >> ranks;
+      // What carried it, as bench allreduce names it: the plan treats MPI processes (pinned one
+      // per core by node slot) and one process's replica threads differently.
+      name = line.find("MPI between") != std::string::npos ? "mpi"
+             : line.find("NCCL") != std::string::npos      ? "nccl"
+             : line.find("host communicator") != std::string::npos ? "host"
+                                                               : "fitted";
       continue;
     }
     if (line.empty() || line[0] == '#') continue;
@@ -132,7 +139,7 @@ Link fit_link(const std::string& text, const std::string& source) {
                       " rows); measure larger sizes (-e 64M) or more iterations (-n 50)");
   const double p = ranks;
   Link l;
-  l.name = "fitted";
+  l.name = name;
   l.bandwidth = 2.0 * (p - 1) / p / b;
   l.alpha_s = std::max(0.0, a) / (2.0 * (p - 1));
   char about[200];

@@ -25,7 +25,8 @@ Link find_link(const std::string& kind);
 // A link fitted to `replica bench allreduce` output (its table rows: size, count, time(us), ...;
 // the rank count from its header line): least squares on the ring all-reduce's time, each row
 // weighted by its own time (so 8 B and 128 MB rows count alike), rows more than 3x off the first
-// fit dropped once (a noisy machine's stalls). `source` names the text in errors.
+// fit dropped once (a noisy machine's stalls). Named host, mpi or nccl after the communicator the
+// header names ("fitted" otherwise). `source` names the text in errors.
 Link fit_link(const std::string& bench_output, const std::string& source);
 
 struct Collective {

@@ -47,6 +47,18 @@ std::vector<BucketTime> cut_buckets(const StepProfile& p, const PlanOptions& o) 
 
 }  // namespace
 
+double expected_max_of_normals(int n) {
+  if (n <= 1) return 0;
+  // E[max] = integral of x n phi(x) Phi(x)^(n-1) dx, by the midpoint rule over [-12, 12].
+  const double step = 1e-3, k = 1.0 / std::sqrt(2.0 * M_PI);
+  double sum = 0;
+  for (double x = -12 + step / 2; x < 12; x += step) {
+    const double cdf = 0.5 * std::erfc(-x / std::sqrt(2.0));
+    sum += x * n * k * std::exp(-0.5 * x * x) * std::pow(cdf, n - 1);
+  }
+  return sum * step;
+}
+
 PlanResult plan_step(const StepProfile& profile, const PlanTarget& t, const PlanOptions& o) {
   const int n = t.devices();
   if (n < 1) throw ConfigError("plan: a device count must be at least 1");
@@ -69,9 +81,10 @@ PlanResult plan_step(const StepProfile& profile, const PlanTarget& t, const Plan
   const bool shared_cores = o.cpu_cores_per_node > 0;
   if (shared_cores) {
     const double demand = static_cast<double>(t.per_node) * o.threads_per_replica / o.cpu_cores_per_node;
-    // Pinned replicas (parallel.pin_threads) share cores round-robin: the step waits for the most
-    // crowded core, ceil(replicas / cores) of them; unpinned, the scheduler spreads the load.
-    stretch = std::max(1.0, o.pinned ? std::ceil(demand) : demand);
+    // More replicas than cores: one process's replica threads are then left unpinned and the
+    // scheduler spreads them (demand); MPI processes stay pinned by node slot, round-robin, and
+    // the step waits for the most crowded core (ceil).
+    stretch = std::max(1.0, o.pinned && o.process_per_replica ? std::ceil(demand) : demand);
   }
   r.forward_s = p.forward_s * stretch;
   r.backward_s = p.backward_s * stretch;
@@ -99,7 +112,10 @@ PlanResult plan_step(const StepProfile& profile, const PlanTarget& t, const Plan
   r.exposed_s = n == 1 ? 0 : shared_cores && stretch >= 1 && t.per_node * o.threads_per_replica >= o.cpu_cores_per_node
                                  ? r.comm_s
                                  : std::max(0.0, lane - r.backward_s);
-  r.step_s = r.accumulation * (r.forward_s + r.backward_s) + r.exposed_s + r.optimizer_s;
+  // The all-reduce waits for the slowest replica: with independent, normal step times of spread
+  // sd, the expected slowest of n is mean + sd x E[max of n standard normals].
+  r.straggler_s = n > 1 ? p.compute_sd_s * stretch * expected_max_of_normals(n) : 0.0;
+  r.step_s = r.accumulation * (r.forward_s + r.backward_s) + r.straggler_s + r.exposed_s + r.optimizer_s;
   r.images_per_s = static_cast<double>(o.global_batch) / r.step_s;
   if (o.data_images_per_s > 0 && r.images_per_s > o.data_images_per_s * t.nodes) {
     r.images_per_s = o.data_images_per_s * t.nodes;
@@ -175,6 +191,7 @@ std::string plan_json(const StepProfile& p, const PlanOptions& o, const std::vec
                     {"efficiency", json_number(r.efficiency)},
                     {"comm_ms", json_number(r.comm_s * 1e3)},
                     {"exposed_comm_ms", json_number(r.exposed_s * 1e3)},
+                    {"straggler_ms", json_number(r.straggler_s * 1e3)},
                     {"algorithm", r.target.devices() > 1 ? r.algorithm : ""},
                     {"data_bound", r.data_bound},
                     {"memory", i < memory.size() ? memory[i] : ""},

@@ -9,8 +9,11 @@
 //     last backward (exposed communication), plus the optimizer; with accumulation only the last
 //     micro-step's backward overlaps the all-reduce (no_sync before it);
 //   - CPU replicas that share a node's cores: when replicas x threads exceed the cores, compute
-//     stretches by that ratio (time-sharing; pinned replicas by the most crowded core's count),
+//     stretches by that ratio (time-sharing; MPI processes pinned round-robin: by the most crowded
+//     core's count),
 //     and the host communicator's work, done by the same cores, is not hidden behind backward;
+//   - the all-reduce waits for the slowest replica: the profile's spread of step times gives the
+//     expected slowest of N (independent, normal);
 //   - the input pipeline caps images/s at the given rate per node.
 // Everything it assumes is listed in the README ("Planning a run before renting").
 #pragma once
@@ -38,7 +41,8 @@ struct PlanOptions {
   double bucket_mb = 25, first_bucket_mb = 1;
   int cpu_cores_per_node = 0;   // CPU replicas: the node's cores they share (0: dedicated devices)
   int threads_per_replica = 1;
-  bool pinned = true;           // parallel.pin_threads
+  bool pinned = true;               // parallel.pin_threads (with one intra-op thread)
+  bool process_per_replica = false;  // MPI: one process per replica (the link was fitted under mpirun)
   double data_images_per_s = 0;  // per node, from `replica bench data`; 0: not a limit
   int64_t dataset_images = 0;
   double epochs = 0;
@@ -57,6 +61,7 @@ struct PlanResult {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;  // one micro-step's, on this target
   double comm_s = 0;     // the all-reduces' total
   double exposed_s = 0;  // what of it backward does not hide
+  double straggler_s = 0;  // waiting for the slowest replica (the profile's spread)
   double step_s = 0, images_per_s = 0;
   double efficiency = 1;  // images/s per device against one device at the same micro-batch
   bool data_bound = false;
@@ -65,6 +70,8 @@ struct PlanResult {
   std::string algorithm;  // of the largest bucket
 };
 
+// E[max of n standard normals] (numerical integral): 0 for 1, 0.5642 for 2, 1.0294 for 4, 1.4236 for 8.
+double expected_max_of_normals(int n);
 // Errors (ConfigError): a global batch the device count does not divide.
 PlanResult plan_step(const StepProfile& profile, const PlanTarget& target, const PlanOptions& opts);
 

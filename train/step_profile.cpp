@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "core/device.h"
 #include "core/cuda/runtime.h"
@@ -32,18 +33,40 @@ StepProfile StepProfile::at_micro_batch(int64_t b) const {
   p.micro_batch = b;
   p.forward_s *= f;
   p.backward_s *= f;
+  p.compute_sd_s *= f;
   for (double& t : p.slot_ready_s) t *= f;
   return p;
 }
 
+StepProfile StepProfile::scaled_to(double images_per_s) const {
+  StepProfile p = *this;
+  const double f = static_cast<double>(micro_batch) / images_per_s / (forward_s + backward_s + optimizer_s);
+  p.forward_s *= f;
+  p.backward_s *= f;
+  p.optimizer_s *= f;
+  // The spread of step times belongs to the machine that was measured (a shared CPU's noise), not
+  // to the model: another device's is unknown, and taken as none.
+  p.compute_sd_s = 0;
+  for (double& t : p.slot_ready_s) t *= f;
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", images_per_s);
+  p.device = device + ", scaled to " + b + " img/s at micro-batch " + std::to_string(micro_batch);
+  return p;
+}
+
 std::string StepProfile::json() const {
-  Json slots = Json::array();
-  for (size_t i = 0; i < slot_elements.size(); ++i) slots.push_back({slot_elements[i], slot_ready_s[i]});
-  Json j = {{"kind", "replica step profile"}, {"version", 1},       {"model", model},
-            {"device", device},              {"micro_batch", micro_batch},
-            {"steps", steps},                {"forward_s", forward_s}, {"backward_s", backward_s},
-            {"optimizer_s", optimizer_s},    {"slots", std::move(slots)}};
-  return j.dump(1) + "\n";
+  // One field per line and one slot ([elements, ready_s]) per line: a file a person can read and
+  // diff (nlohmann's indented dump would spread each slot over four lines).
+  const Json head = {{"kind", "replica step profile"}, {"version", 1},       {"model", model},
+                     {"device", device},              {"micro_batch", micro_batch},
+                     {"steps", steps},                {"forward_s", forward_s}, {"backward_s", backward_s},
+                     {"optimizer_s", optimizer_s},    {"compute_sd_s", compute_sd_s}};
+  std::string out = "{\n";
+  for (const auto& [k, v] : head.items()) out += "  " + Json(k).dump() + ": " + v.dump() + ",\n";
+  out += "  \"slots\": [\n";
+  for (size_t i = 0; i < slot_elements.size(); ++i)
+    out += "    " + Json({slot_elements[i], slot_ready_s[i]}).dump() + (i + 1 < slot_elements.size() ? ",\n" : "\n");
+  return out + "  ]\n}\n";
 }
 
 StepProfile StepProfile::from_json(const std::string& text, const std::string& source) {
@@ -65,6 +88,7 @@ StepProfile StepProfile::from_json(const std::string& text, const std::string& s
     p.forward_s = j.at("forward_s").get<double>();
     p.backward_s = j.at("backward_s").get<double>();
     p.optimizer_s = j.at("optimizer_s").get<double>();
+    p.compute_sd_s = j.value("compute_sd_s", 0.0);
     for (const auto& s : j.at("slots")) {
       p.slot_elements.push_back(s.at(0).get<int64_t>());
       p.slot_ready_s.push_back(s.at(1).get<double>());
@@ -173,6 +197,11 @@ StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps)
   p.forward_s = median(fwd);
   p.backward_s = median(bwd);
   p.optimizer_s = median(opt_s);
+  double mean = 0, sq = 0;
+  for (size_t i = 0; i < fwd.size(); ++i) mean += fwd[i] + bwd[i];
+  mean /= static_cast<double>(fwd.size());
+  for (size_t i = 0; i < fwd.size(); ++i) sq += (fwd[i] + bwd[i] - mean) * (fwd[i] + bwd[i] - mean);
+  p.compute_sd_s = fwd.size() > 1 ? std::sqrt(sq / static_cast<double>(fwd.size() - 1)) : 0.0;
   for (size_t s = 0; s < slots; ++s) {
     p.slot_elements.push_back(model->registry().params()[s].shape.numel());
     p.slot_ready_s.push_back(median(ready[s]));

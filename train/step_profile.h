@@ -17,6 +17,7 @@ struct StepProfile {
   std::string device;     // where it was measured, e.g. "cpu (AMD EPYC, 1 thread per replica)"
   int64_t micro_batch = 0;
   double forward_s = 0, backward_s = 0, optimizer_s = 0;  // medians over the measured steps
+  double compute_sd_s = 0;  // standard deviation of forward + backward over the measured steps
   std::vector<int64_t> slot_elements;  // parameter slots in registration order
   std::vector<double> slot_ready_s;    // seconds into backward when each slot's gradient was final
   int steps = 0;                       // measured steps behind the medians
@@ -24,8 +25,14 @@ struct StepProfile {
   int64_t params() const;
   // The same step at micro-batch b: compute times scale linearly with the batch (what a
   // convolution's FLOPs do; small batches on a GPU are slower than that, so measure at the
-  // micro-batch the plan uses where possible); the optimizer does not change.
+  // micro-batch the plan uses where possible); the optimizer does not change; the spread scales
+  // with the compute.
   StepProfile at_micro_batch(int64_t b) const;
+  // The same step on a device that runs `images_per_s` at this micro-batch: every time scaled by
+  // one factor (the forward / backward split and the gradients' readiness keep their shape), no
+  // spread (the measured machine's noise is not the other device's). For planning hardware that
+  // is not at hand from one published throughput figure.
+  StepProfile scaled_to(double images_per_s) const;
   std::string json() const;
   static StepProfile from_json(const std::string& text, const std::string& source);
 };

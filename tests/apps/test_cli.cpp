@@ -452,7 +452,7 @@ TEST(Cli, PlanPredictsEachAlternativeAndNamesBadInput) {
   auto r = run("plan" + tiny + " --devices 1,2,4 --link-file " + dir + "/link.txt --profile-steps 2 --save-profile " +
                dir + "/profile.json");
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const char* want : {"global batch 16", "\n1 fitted", "\n2 fitted", "\n4 fitted", "link fitted: fitted to"})
+  for (const char* want : {"global batch 16", "\n1 host", "\n2 host", "\n4 host", "link host: fitted to"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   // The saved profile plans GPUs on a table link, as JSON; the same numbers every time.
   auto j = run("plan" + tiny + " --devices 2,2x2 --link nvlink4 --inter-link ib-ndr --no-memory --json --device-profile " +

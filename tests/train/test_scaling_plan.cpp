@@ -129,6 +129,7 @@ TEST(ScalingPlan, AccumulationWhenTheShareDoesNotFit) {
 TEST(ScalingPlan, CpuReplicasSharingCoresStretchComputeAndExposeTheirAllReduce) {
   PlanOptions o = options(30);
   o.cpu_cores_per_node = 2;
+  o.process_per_replica = true;  // MPI: pinned by node slot, round-robin
   PlanTarget t = two_devices(0.25);
   t.per_node = 3;  // three pinned replicas on two cores: one core runs two
   const PlanResult r = plan_step(profile({0.5, 1.0, 1.5, 2.0}), t, o);
@@ -138,8 +139,24 @@ TEST(ScalingPlan, CpuReplicasSharingCoresStretchComputeAndExposeTheirAllReduce) 
   EXPECT_NEAR(r.comm_s, 4 * 0.25 * 4.0 / 3.0, 1e-12);
   EXPECT_NEAR(r.exposed_s, r.comm_s, 1e-12);
   EXPECT_NEAR(r.step_s, 2 + 4 + r.comm_s + 1.0, 1e-12);
-  o.pinned = false;  // the scheduler spreads 3 over 2 cores: 1.5x
+  o.process_per_replica = false;  // one process's threads, unpinned beyond the cores: 1.5x
   EXPECT_DOUBLE_EQ(plan_step(profile({2.0}), t, o).forward_s, 1.5);
+}
+
+TEST(ScalingPlan, TheSlowestReplicaSetsThePace) {
+  // E[max of n standard normals]: 1/sqrt(pi) for 2; 1.0294 for 4 and 1.4236 for 8 (tables).
+  EXPECT_EQ(expected_max_of_normals(1), 0);
+  EXPECT_NEAR(expected_max_of_normals(2), 1 / std::sqrt(M_PI), 1e-6);
+  EXPECT_NEAR(expected_max_of_normals(4), 1.0294, 1e-4);
+  EXPECT_NEAR(expected_max_of_normals(8), 1.4236, 1e-4);
+  StepProfile p = profile({0.5, 1.0}, true);
+  p.compute_sd_s = 0.1;
+  const PlanResult r = plan_step(p, two_devices(0.001), options());
+  EXPECT_NEAR(r.straggler_s, 0.1 * expected_max_of_normals(2), 1e-12);
+  EXPECT_NEAR(r.step_s, 3.5 + r.straggler_s + r.exposed_s, 1e-12);
+  PlanTarget one = two_devices(0.001);
+  one.per_node = 1;
+  EXPECT_EQ(plan_step(p, one, options()).straggler_s, 0) << "one replica waits for nobody";
 }
 
 TEST(ScalingPlan, TimeAndCostToTheEpochs) {
@@ -187,6 +204,7 @@ TEST(LinkModel, FitRecoversAlphaAndBandwidthFromBenchOutput) {
   EXPECT_NEAR(l.bandwidth / bw, 1.0, 0.01);
   EXPECT_NEAR(l.alpha_s / alpha, 1.0, 0.05);
   EXPECT_NE(l.about.find("8 of 9 sizes"), std::string::npos) << l.about;
+  EXPECT_EQ(l.name, "host");
   EXPECT_THROW(parallel::fit_link("# replica bench allreduce: 1 ranks\n 1024 256 1.0\n", "one.txt"), ConfigError);
   EXPECT_THROW(parallel::fit_link("hello", "junk.txt"), ConfigError);
 }
@@ -228,6 +246,14 @@ TEST(StepProfile, FileRoundTripAndDamageIsNamed) {
   EXPECT_DOUBLE_EQ(half.backward_s, 1.0);
   EXPECT_DOUBLE_EQ(half.slot_ready_s[1], 0.5);
   EXPECT_DOUBLE_EQ(half.optimizer_s, 0.5);
+  // Rescaled to 5 img/s at micro-batch 10: 2 s per step instead of 3.5, in the same proportions.
+  StepProfile noisy = p;
+  noisy.compute_sd_s = 0.3;
+  const StepProfile fast = noisy.scaled_to(5);
+  EXPECT_NEAR(fast.forward_s + fast.backward_s + fast.optimizer_s, 2.0, 1e-12);
+  EXPECT_NEAR(fast.slot_ready_s[1], 1.0 * 2.0 / 3.5, 1e-12);
+  EXPECT_EQ(fast.compute_sd_s, 0) << "the measured machine's spread is not carried to another device";
+  EXPECT_NE(fast.device.find("scaled to 5 img/s"), std::string::npos) << fast.device;
 }
 
 TEST(StepProfile, MeasuredProfileHasEverySlotReadyWithinBackward) {
