@@ -38,6 +38,11 @@ std::vector<parallel::Link> intra_links(const PlanArgs& a, bool cpu) {
 class Profiles {
  public:
   Profiles(const train::RunConfig& cfg, const PlanArgs& a) : cfg_(cfg), a_(a) {
+    if (!a.trace_profile.empty()) {
+      if (a.profile || !a.device_profile.empty())
+        throw ConfigError("give one of --profile, --device-profile FILE and --trace-profile FILE");
+      file_ = train::profile_from_trace(read_file(a.trace_profile, "the --trace-profile"), a.trace_profile, cfg);
+    }
     if (!a.device_profile.empty()) {
       if (a.profile) throw ConfigError("give --profile (measure here) or --device-profile FILE, not both");
       file_ = train::StepProfile::from_json(read_file(a.device_profile, "the --device-profile"), a.device_profile);
@@ -47,7 +52,7 @@ class Profiles {
                           "': measure one with replica plan CONFIG --profile --save-profile FILE on that device");
     }
   }
-  bool measured() const { return a_.device_profile.empty(); }
+  bool measured() const { return a_.device_profile.empty() && a_.trace_profile.empty(); }
   train::StepProfile at(int64_t micro) {
     if (a_.device_images_per_s > 0) {
       // The rate is the device's at the profile's own micro-batch; then scaled to `micro`.

@@ -15,6 +15,7 @@ struct PlanArgs {
   int nics = 1;
   std::string link_file;            // replaces --link: bench allreduce output or YAML
   std::string device_profile;       // a saved profile instead of measuring here
+  std::string trace_profile;        // a `replica train --trace` file of a run of this configuration
   std::string save_profile;
   bool profile = false;             // measure here (the default without --device-profile)
   int profile_steps = 5;

@@ -229,6 +229,7 @@ void add_plan_command(CLI::App& app, Args& a, Commands& c) {
   c.plan->add_option("--link-file", p.link_file, "replica bench allreduce output (fitted) or YAML {name, alpha_us, bandwidth_gbs}");
   c.plan->add_flag("--profile", p.profile, "measure the step profile on this configuration's device (the default)");
   c.plan->add_option("--device-profile", p.device_profile, "a profile saved elsewhere (--save-profile) instead of measuring");
+  c.plan->add_option("--trace-profile", p.trace_profile, "the profile of a run: its replica train --trace FILE (same config)");
   c.plan->add_option("--save-profile", p.save_profile, "write the profile used (JSON) for planning on another machine");
   c.plan->add_option("--profile-steps", p.profile_steps, "measured steps per micro-batch (default 5)");
   c.plan->add_option("--device-images-per-s", p.device_images_per_s,

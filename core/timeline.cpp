@@ -34,6 +34,12 @@ void Timeline::counter(int track, const std::string& name, int64_t t, std::vecto
   events_.push_back({'C', track, name, "memory", t, 0, std::move(v)});
 }
 
+void Timeline::instant(int track, const std::string& name, int64_t t, std::vector<std::pair<std::string, double>> v,
+                       const char* category) {
+  std::lock_guard<std::mutex> lock(m_);
+  events_.push_back({'i', track, name, category, t, 0, std::move(v)});
+}
+
 void Timeline::name_track(int track, const std::string& name) {
   std::lock_guard<std::mutex> lock(m_);
   names_.emplace_back(track, name);
@@ -66,6 +72,7 @@ void Timeline::write_chrome_json(const std::string& path) const {
     if (e.ph == 'X') {
       j["dur"] = micros(e.dur);
     } else {
+      if (e.ph == 'i') j["s"] = "t";  // an instant on its thread's track
       Json args = Json::object();
       for (const auto& [k, v] : e.values) args[k] = v;
       j["args"] = std::move(args);

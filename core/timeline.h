@@ -1,6 +1,7 @@
 // Timeline: a Chrome-trace recorder ("traceEvents" JSON; opens in Perfetto and chrome://tracing)
 // for `replica train --trace FILE.json`: complete slices per track (a track per replica for its
-// compute, one per replica for its communication) and counter tracks (pool in use by tag).
+// compute, one per replica for its communication), counter tracks (pool in use by tag) and
+// instants (gradients becoming final in backward: what `replica plan --trace-profile` reads).
 // Thread safe; recording costs a lock and a vector push.
 #pragma once
 #include <chrono>
@@ -20,6 +21,9 @@ class Timeline {
   int64_t from_steady(int64_t steady_ns) const;
   void slice(int track, const std::string& name, int64_t begin_ns, int64_t end_ns, const char* category);
   void counter(int track, const std::string& name, int64_t t_ns, std::vector<std::pair<std::string, double>> values);
+  // A moment on a track with values (e.g. which gradients became final): "ph":"i".
+  void instant(int track, const std::string& name, int64_t t_ns, std::vector<std::pair<std::string, double>> values,
+               const char* category);
   void name_track(int track, const std::string& name);
   void write_chrome_json(const std::string& path) const;
   size_t size() const;

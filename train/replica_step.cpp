@@ -78,11 +78,15 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
     log_info("gradient buckets re-cut from the observed readiness order: ", sync_->buckets().size(), " buckets, ",
              packed, " of them gathered from non-adjacent slots");
   }
-  ctx.on_grads_ready = [this, last](int first, int count) {
+  const int track = 2 * rep_.rank();
+  ctx.on_grads_ready = [this, last, track](int first, int count) {
+    // Traced: when each gradient became final (replica plan --trace-profile reads these).
+    if (o_.timeline && last)
+      o_.timeline->instant(track, "gradients ready", o_.timeline->now_ns(),
+                           {{"first", static_cast<double>(first)}, {"count", static_cast<double>(count)}}, "compute");
     sync_->ready(first, count);
     if (o_.fault && last && sync_->launched_during_backward() > 0) o_.fault("bucket");
   };
-  const int track = 2 * rep_.rank();
   std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
   fwd.emplace(o_.timeline, track, "forward", "compute");
   const float scale = o_.scaler ? o_.scaler->scale() : 1.f;

@@ -12,6 +12,7 @@
 //     stretches by that ratio (time-sharing; MPI processes pinned round-robin: by the most crowded
 //     core's count),
 //     and the host communicator's work, done by the same cores, is not hidden behind backward;
+//   - a profile read from a run's trace adds that run's per-step host work (data wait, checks);
 //   - the all-reduce waits for the slowest replica: the profile's spread of step times gives the
 //     expected slowest of N (independent, normal);
 //   - the input pipeline caps images/s at the given rate per node.
@@ -62,6 +63,7 @@ struct PlanResult {
   double comm_s = 0;     // the all-reduces' total
   double exposed_s = 0;  // what of it backward does not hide
   double straggler_s = 0;  // waiting for the slowest replica (the profile's spread)
+  double host_s = 0;       // the profile's per-step host work (from a run's trace)
   double step_s = 0, images_per_s = 0;
   double efficiency = 1;  // images/s per device against one device at the same micro-batch
   bool data_bound = false;

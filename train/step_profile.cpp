@@ -47,6 +47,7 @@ StepProfile StepProfile::scaled_to(double images_per_s) const {
   // The spread of step times belongs to the machine that was measured (a shared CPU's noise), not
   // to the model: another device's is unknown, and taken as none.
   p.compute_sd_s = 0;
+  p.host_s = 0;  // the other machine's host work is not known either
   for (double& t : p.slot_ready_s) t *= f;
   char b[64];
   std::snprintf(b, sizeof b, "%.6g", images_per_s);
@@ -60,7 +61,8 @@ std::string StepProfile::json() const {
   const Json head = {{"kind", "replica step profile"}, {"version", 1},       {"model", model},
                      {"device", device},              {"micro_batch", micro_batch},
                      {"steps", steps},                {"forward_s", forward_s}, {"backward_s", backward_s},
-                     {"optimizer_s", optimizer_s},    {"compute_sd_s", compute_sd_s}};
+                     {"optimizer_s", optimizer_s},    {"compute_sd_s", compute_sd_s},
+                     {"host_s", host_s}};
   std::string out = "{\n";
   for (const auto& [k, v] : head.items()) out += "  " + Json(k).dump() + ": " + v.dump() + ",\n";
   out += "  \"slots\": [\n";
@@ -89,6 +91,7 @@ StepProfile StepProfile::from_json(const std::string& text, const std::string& s
     p.backward_s = j.at("backward_s").get<double>();
     p.optimizer_s = j.at("optimizer_s").get<double>();
     p.compute_sd_s = j.value("compute_sd_s", 0.0);
+    p.host_s = j.value("host_s", 0.0);
     for (const auto& s : j.at("slots")) {
       p.slot_elements.push_back(s.at(0).get<int64_t>());
       p.slot_ready_s.push_back(s.at(1).get<double>());
@@ -117,6 +120,109 @@ double median(std::vector<double> v) {
 }
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
+
+StepProfile profile_from_trace(const std::string& text, const std::string& source, const RunConfig& cfg) {
+  const std::string hint = "; write one with: replica train CONFIG --trace FILE (a few dozen steps)";
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
+    throw ConfigError(source + ": not a trace: " + e.what() + hint);
+  }
+  if (!j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array())
+    throw ConfigError(source + ": not a Chrome trace (no traceEvents)" + hint);
+  struct Slice {
+    double ts, dur;
+  };
+  std::vector<Slice> fwd, bwd, opt, wait;
+  std::vector<std::pair<double, std::pair<int, int>>> ready;  // time, (first, count)
+  int replicas = 0;
+  for (const auto& e : j["traceEvents"]) {
+    const std::string ph = e.value("ph", ""), name = e.value("name", "");
+    if (ph == "M" && name == "thread_name" && e["args"].value("name", "").find(" compute") != std::string::npos)
+      ++replicas;
+    if (e.value("tid", -1) != 0) continue;  // replica 0's compute track
+    const double ts = e.value("ts", 0.0) * 1e-6;
+    if (ph == "X") {
+      const Slice s{ts, e.value("dur", 0.0) * 1e-6};
+      if (name == "forward") fwd.push_back(s);
+      else if (name.rfind("backward (buckets", 0) == 0) bwd.push_back(s);
+      else if (name == "optimizer") opt.push_back(s);
+      else if (name == "wait for gradient all-reduce") wait.push_back(s);
+    } else if (ph == "i" && name == "gradients ready") {
+      ready.push_back({ts, {static_cast<int>(e["args"].value("first", -1.0)), static_cast<int>(e["args"].value("count", 0.0))}});
+    }
+  }
+  if (bwd.size() < 3 || ready.empty())
+    throw ConfigError(source + ": " + std::to_string(bwd.size()) + " synchronised backward passes and " +
+                      std::to_string(ready.size()) + " 'gradients ready' marks on replica 0; a profile needs at least 3 steps "
+                      "traced by this version" + hint);
+  auto ds = make_dataset(cfg.data, "test");
+  auto model = make_model(cfg, ds->sample_shape(), ds->classes());
+  const auto& slots = model->registry().params();
+  const int accumulation = cfg.train.micro_batch > 0 && replicas > 0
+                               ? static_cast<int>(cfg.train.global_batch / replicas / cfg.train.micro_batch)
+                               : 1;
+  std::vector<std::vector<double>> at(slots.size());
+  std::vector<double> f, b, o, w, period, sums;
+  // Steps after the first two (allocations, the bucket re-cut): each synchronised backward with
+  // the forward just before it, the optimizer and the wait after it.
+  for (size_t k = 2; k < bwd.size(); ++k) {
+    const Slice& bk = bwd[k];
+    std::vector<double> slot_at(slots.size(), -1);
+    for (const auto& [t, range] : ready) {
+      if (t < bk.ts || t > bk.ts + bk.dur + 1e-6) continue;
+      const auto [first, count] = range;
+      if (first < 0 || first + count > static_cast<int>(slots.size()))
+        throw ConfigError(source + ": gradients of parameter slot " + std::to_string(first + count - 1) + " in a model of " +
+                          std::to_string(slots.size()) + " slots: a trace of another model than " + profile_model_key(cfg));
+      for (int s = first; s < first + count; ++s) slot_at[static_cast<size_t>(s)] = t - bk.ts;
+    }
+    for (size_t s = 0; s < slots.size(); ++s)
+      if (slot_at[s] >= 0) at[s].push_back(slot_at[s]);
+    auto before = [&](const std::vector<Slice>& v) {  // the last slice that starts before bk
+      const Slice* best = nullptr;
+      for (const auto& x : v)
+        if (x.ts <= bk.ts) best = &x;
+      return best;
+    };
+    auto after = [&](const std::vector<Slice>& v) {  // the first slice that starts after bk
+      for (const auto& x : v)
+        if (x.ts >= bk.ts) return &x;
+      return static_cast<const Slice*>(nullptr);
+    };
+    const Slice *fk = before(fwd), *ok = after(opt), *wk = after(wait);
+    if (!fk || !ok) continue;
+    f.push_back(fk->dur), b.push_back(bk.dur), o.push_back(ok->dur), w.push_back(wk ? wk->dur : 0);
+    sums.push_back(fk->dur + bk.dur);
+    if (k + 1 < bwd.size()) period.push_back(bwd[k + 1].ts - bk.ts);
+  }
+  if (f.size() < 2) throw ConfigError(source + ": fewer than 2 complete steps on replica 0 after the first two" + hint);
+  StepProfile p;
+  p.model = profile_model_key(cfg);
+  p.device = source + " (replica 0 of " + std::to_string(replicas) + ", in a run)";
+  p.micro_batch = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : cfg.train.global_batch / std::max(1, replicas);
+  p.steps = static_cast<int>(f.size());
+  p.forward_s = median(f);
+  p.backward_s = median(b);
+  p.optimizer_s = median(o);
+  double mean = 0, sq = 0;
+  for (double x : sums) mean += x;
+  mean /= static_cast<double>(sums.size());
+  for (double x : sums) sq += (x - mean) * (x - mean);
+  p.compute_sd_s = std::sqrt(sq / static_cast<double>(sums.size() - 1));
+  // The step period less what the plan models itself: the host's share of a step.
+  if (!period.empty())
+    p.host_s = std::max(0.0, median(period) - accumulation * (p.forward_s + p.backward_s) - median(w) - p.optimizer_s);
+  for (size_t s = 0; s < slots.size(); ++s) {
+    if (at[s].empty())
+      throw ConfigError(source + ": parameter slot " + std::to_string(s) + " (" + slots[s].name +
+                        ") never became ready in the trace: a trace of another model than " + profile_model_key(cfg));
+    p.slot_elements.push_back(slots[s].shape.numel());
+    p.slot_ready_s.push_back(median(at[s]));
+  }
+  return p;
+}
 
 StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps) {
   const Device device = parse_devices(cfg.parallel.devices).at(0);

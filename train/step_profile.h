@@ -18,6 +18,8 @@ struct StepProfile {
   int64_t micro_batch = 0;
   double forward_s = 0, backward_s = 0, optimizer_s = 0;  // medians over the measured steps
   double compute_sd_s = 0;  // standard deviation of forward + backward over the measured steps
+  double host_s = 0;        // per step, outside forward, backward, the wait and the optimizer:
+                            // data wait and the step's host work (a run's trace has it; 0 measured here)
   std::vector<int64_t> slot_elements;  // parameter slots in registration order
   std::vector<double> slot_ready_s;    // seconds into backward when each slot's gradient was final
   int steps = 0;                       // measured steps behind the medians
@@ -39,6 +41,12 @@ struct StepProfile {
 
 // "resnet20 28x28x1, 10 classes, fp32": what a profile must match to plan a configuration.
 std::string profile_model_key(const RunConfig& cfg);
+// A profile from a `replica train --trace` file of a run of `cfg` (its configuration): replica 0's
+// forward, synchronised backward and optimizer slices, its "gradients ready" instants, and the
+// step period (host_s), medians over the steps after the first two. The parameter sizes come from
+// the model `cfg` builds. A trace of another model, or one without the instants (written before
+// they existed, or of a run with one replica and accumulation only), is a named ConfigError.
+StepProfile profile_from_trace(const std::string& trace_json, const std::string& source, const RunConfig& cfg);
 // Measures `steps` training steps (after 2 unmeasured) of one replica of `cfg` at micro-batch
 // `micro` on the configuration's first device, in a scratch pool: no data loading, no
 // communication. A CPU replica runs with parallel.intra_op_threads threads, as in training.

@@ -467,6 +467,15 @@ TEST(Cli, PlanPredictsEachAlternativeAndNamesBadInput) {
   EXPECT_EQ(run("plan" + tiny + " --devices 2,2x2 --link nvlink4 --inter-link ib-ndr --no-memory --json --device-profile " +
                 dir + "/profile.json").out,
             j.out);
+  // A run's trace is a profile too (its own steps, as that run ran them).
+  auto train = run("train" + tiny + " --set parallel.devices=cpu:2 --set train.max_steps=6 --set train.eval=false"
+                   " --set checkpoint.every_epochs=0 --set train.tensorboard=false --run-dir " + dir + "/run --trace " +
+                   dir + "/trace.json");
+  ASSERT_EQ(train.code, 0) << train.out;
+  auto traced = run("plan" + tiny + " --devices 2,4 --link-file " + dir + "/link.txt --no-memory --trace-profile " + dir +
+                    "/trace.json");
+  ASSERT_EQ(traced.code, 0) << traced.out;
+  EXPECT_NE(traced.out.find("replica 0 of 2, in a run"), std::string::npos) << traced.out;
   struct Bad {
     std::string args, needle;
   };
@@ -479,6 +488,8 @@ TEST(Cli, PlanPredictsEachAlternativeAndNamesBadInput) {
            {" --set model.arch=resnet32" + tiny + " --devices 2 --link pcie4 --device-profile " + dir + "/profile.json",
             "is a profile of 'resnet20"},
            {tiny + " --devices 2 --link pcie4 --device-profile " + dir + "/link.txt", "not a step profile"},
+           {tiny + " --devices 2 --link pcie4 --trace-profile " + dir + "/link.txt", "not a trace"},
+           {tiny + " --devices 2 --link pcie4 --profile --trace-profile " + dir + "/trace.json", "give one of"},
        }) {
     auto e = run("plan" + b.args + " --no-memory");
     EXPECT_EQ(e.code, 2) << b.args << "\n" << e.out;

@@ -7,10 +7,12 @@
 #include <cstdio>
 
 #include "core/errors.h"
+#include "core/file_io.h"
 #include "parallel/link_model.h"
 #include "train/config.h"
 #include "train/scaling_plan.h"
 #include "train/step_profile.h"
+#include "train/trainer.h"
 
 using namespace replica;
 using namespace replica::train;
@@ -277,4 +279,37 @@ TEST(StepProfile, MeasuredProfileHasEverySlotReadyWithinBackward) {
   // The classifier (registered last) is final before the stem (registered first).
   EXPECT_LT(p.slot_ready_s.back(), p.slot_ready_s.front());
   EXPECT_GT(last, 0.5 * p.backward_s);
+}
+
+// A run's trace is a profile: every slot's ready time from its "gradients ready" marks, the
+// step's host work from its period; the trace of another model is refused by name.
+TEST(StepProfile, ReadFromARunsTrace) {
+  const std::string dir = ::testing::TempDir() + "replica_trace_profile";
+  std::vector<std::string> sets = {"model.width=4",      "data.dataset=synthetic", "data.synthetic_shape=[8,8,1]",
+                                   "data.synthetic_size=256", "data.mean=[0.5]",   "data.std=[0.25]",
+                                   "train.global_batch=16",   "train.max_steps=8", "train.eval=false",
+                                   "train.tensorboard=false", "checkpoint.every_epochs=0",
+                                   "parallel.devices=cpu:2",  "train.run_dir=" + dir};
+  const RunConfig cfg = parse_config("", "test", sets);
+  Trainer(cfg, {.print = false, .trace = dir + "/trace.json"}).fit();
+  const std::string trace = read_file(dir + "/trace.json", "trace");
+  const StepProfile p = profile_from_trace(trace, "trace.json", cfg);
+  EXPECT_EQ(p.model, profile_model_key(cfg));
+  EXPECT_EQ(p.micro_batch, 8);
+  EXPECT_EQ(p.steps, 6) << "8 steps, the first two left out";
+  EXPECT_NE(p.device.find("replica 0 of 2"), std::string::npos) << p.device;
+  EXPECT_GT(p.forward_s, 0);
+  EXPECT_GE(p.host_s, 0);
+  for (size_t s = 0; s < p.slot_elements.size(); ++s) EXPECT_LE(p.slot_ready_s[s], p.backward_s + 1e-6) << s;
+  EXPECT_LT(p.slot_ready_s.back(), p.slot_ready_s.front()) << "the classifier is final before the stem";
+  // The same trace read as another model's: refused, naming the model.
+  sets[0] = "model.arch=resnet32";
+  try {
+    profile_from_trace(trace, "trace.json", parse_config("", "test", sets));
+    ADD_FAILURE() << "a trace of resnet20 accepted for resnet32";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("another model"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(profile_from_trace("{\"traceEvents\":[]}", "empty.json", cfg), ConfigError);
+  EXPECT_THROW(profile_from_trace("not json", "junk.json", cfg), ConfigError);
 }
