@@ -79,9 +79,11 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
              packed, " of them gathered from non-adjacent slots");
   }
   const int track = 2 * rep_.rank();
-  ctx.on_grads_ready = [this, last, track](int first, int count) {
+  const bool mark = o_.timeline && last && marked_steps_ < kMarkedSteps;
+  if (mark) ++marked_steps_;
+  ctx.on_grads_ready = [this, last, mark, track](int first, int count) {
     // Traced: when each gradient became final (replica plan --trace-profile reads these).
-    if (o_.timeline && last)
+    if (mark)
       o_.timeline->instant(track, "gradients ready", o_.timeline->now_ns(),
                            {{"first", static_cast<double>(first)}, {"count", static_cast<double>(count)}}, "compute");
     sync_->ready(first, count);

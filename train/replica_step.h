@@ -145,6 +145,10 @@ class ReplicaStep {
   Tensor stats_;
   double count_ = 0;
   int micro_seen_ = 0;
+  // Steps whose "gradients ready" moments went into the trace: the first kMarkedSteps only (what
+  // replica plan --trace-profile needs; a long run's trace stays the size it was).
+  static constexpr int kMarkedSteps = 64;
+  int marked_steps_ = 0;
   int64_t steps_seen_ = 0;
   std::array<size_t, kNumTags> baseline_{};
   std::string leak_report_;

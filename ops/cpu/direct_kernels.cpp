@@ -192,10 +192,10 @@ KERNEL void filter_taps512(const float* xpad, const int64_t* off, const float* d
 #endif
 
 // The two entry points' loops, once per path: Zmm false is the AVX2 kernels alone (what the avx2
-// copy runs, and the avx512 copy by default), Zmm true the 512-bit ones. One function holding both
-// paths behind a run-time flag compiled worse on both (GCC 12; perf samples of the avx512 copy's
-// AVX2 path: forward +12%, weight gradient +20% against the pre-#32 AVX2 build), and so did
-// instantiating the 512-bit tile counts for the AVX2 kernels in the avx2 copy (+34%).
+// copy runs, and the avx512 copy by default), Zmm true the 512-bit ones. The avx2 copy used to
+// instantiate the AVX2 weight-gradient kernel for the 512-bit tile counts too (7..12 taps: 24
+// accumulators in 16 registers) inside one dispatch, and its weight gradient took 14-34% more perf
+// samples than the pre-#32 AVX2 build's (bench/RESULTS.md, #32).
 template <bool Zmm>
 void backward_filter_body(const float* xpad, int64_t Wp, int64_t C, const float* dy, int64_t K, int64_t R,
                           int64_t S, int64_t stride, int64_t P, int64_t Q, float* dw) {
