@@ -118,6 +118,15 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
+// The sample standard deviation (0 for fewer than two values).
+double sample_sd(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  double mean = 0, sq = 0;
+  for (double x : v) mean += x;
+  mean /= static_cast<double>(v.size());
+  for (double x : v) sq += (x - mean) * (x - mean);
+  return std::sqrt(sq / static_cast<double>(v.size() - 1));
+}
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
@@ -206,11 +215,7 @@ StepProfile profile_from_trace(const std::string& text, const std::string& sourc
   p.forward_s = median(f);
   p.backward_s = median(b);
   p.optimizer_s = median(o);
-  double mean = 0, sq = 0;
-  for (double x : sums) mean += x;
-  mean /= static_cast<double>(sums.size());
-  for (double x : sums) sq += (x - mean) * (x - mean);
-  p.compute_sd_s = std::sqrt(sq / static_cast<double>(sums.size() - 1));
+  p.compute_sd_s = sample_sd(sums);
   // The step period less what the plan models itself: the host's share of a step.
   if (!period.empty())
     p.host_s = std::max(0.0, median(period) - accumulation * (p.forward_s + p.backward_s) - median(w) - p.optimizer_s);
@@ -303,11 +308,9 @@ StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps)
   p.forward_s = median(fwd);
   p.backward_s = median(bwd);
   p.optimizer_s = median(opt_s);
-  double mean = 0, sq = 0;
-  for (size_t i = 0; i < fwd.size(); ++i) mean += fwd[i] + bwd[i];
-  mean /= static_cast<double>(fwd.size());
-  for (size_t i = 0; i < fwd.size(); ++i) sq += (fwd[i] + bwd[i] - mean) * (fwd[i] + bwd[i] - mean);
-  p.compute_sd_s = fwd.size() > 1 ? std::sqrt(sq / static_cast<double>(fwd.size() - 1)) : 0.0;
+  std::vector<double> sums;
+  for (size_t i = 0; i < fwd.size(); ++i) sums.push_back(fwd[i] + bwd[i]);
+  p.compute_sd_s = sample_sd(sums);
   for (size_t s = 0; s < slots; ++s) {
     p.slot_elements.push_back(model->registry().params()[s].shape.numel());
     p.slot_ready_s.push_back(median(ready[s]));
