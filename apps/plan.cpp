@@ -82,6 +82,22 @@ class Profiles {
   std::map<int64_t, train::StepProfile> measured_;
 };
 
+// What the configuration and the command line say of every alternative.
+train::PlanOptions plan_options(const train::RunConfig& cfg, const PlanArgs& a) {
+  train::PlanOptions o;
+  o.global_batch = cfg.train.global_batch;
+  o.wire_bytes = static_cast<double>(dtype_size(parse_dtype(cfg.parallel.grad_dtype)));
+  o.bucket_mb = cfg.parallel.bucket_mb;
+  o.first_bucket_mb = cfg.parallel.first_bucket_mb;
+  o.threads_per_replica = cfg.parallel.intra_op_threads;
+  o.pinned = cfg.parallel.pin_threads && cfg.parallel.intra_op_threads == 1;  // as the trainer pins
+  o.data_images_per_s = a.data_images_per_s;
+  o.epochs = a.epochs >= 0 ? a.epochs : cfg.train.epochs;
+  o.cost_per_device_hour = a.cost_per_device_hour >= 0 ? a.cost_per_device_hour : cfg.run.cost_per_device_hour;
+  o.dataset_images = train::make_dataset(cfg.data, "train")->size();
+  return o;
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& a) {
@@ -100,17 +116,7 @@ int run_plan(const PlanArgs& a) {
       throw ConfigError("--devices names several nodes: give --inter-link KIND (ib-hdr, ib-ndr, eth100, ...)");
     inter = parallel::find_link(a.inter_link);
   }
-  train::PlanOptions o;
-  o.global_batch = cfg.train.global_batch;
-  o.wire_bytes = static_cast<double>(dtype_size(parse_dtype(cfg.parallel.grad_dtype)));
-  o.bucket_mb = cfg.parallel.bucket_mb;
-  o.first_bucket_mb = cfg.parallel.first_bucket_mb;
-  o.threads_per_replica = cfg.parallel.intra_op_threads;
-  o.pinned = cfg.parallel.pin_threads && cfg.parallel.intra_op_threads == 1;  // as the trainer pins
-  o.data_images_per_s = a.data_images_per_s;
-  o.epochs = a.epochs >= 0 ? a.epochs : cfg.train.epochs;
-  o.cost_per_device_hour = a.cost_per_device_hour >= 0 ? a.cost_per_device_hour : cfg.run.cost_per_device_hour;
-  o.dataset_images = train::make_dataset(cfg.data, "train")->size();
+  train::PlanOptions o = plan_options(cfg, a);
   for (const auto& [nodes, per] : targets)
     if (o.global_batch % (nodes * per))
       throw ConfigError("--devices " + std::to_string(nodes * per) + " does not divide train.global_batch " +

@@ -115,7 +115,7 @@ PlanResult plan_step(const StepProfile& profile, const PlanTarget& t, const Plan
   // The all-reduce waits for the slowest replica: with independent, normal step times of spread
   // sd, the expected slowest of n is mean + sd x E[max of n standard normals].
   r.straggler_s = n > 1 ? p.compute_sd_s * stretch * expected_max_of_normals(n) : 0.0;
-  r.host_s = p.host_s;
+  r.host_s = p.host_s * stretch;  // host work on shared cores time-shares like the compute
   r.step_s = r.accumulation * (r.forward_s + r.backward_s) + r.straggler_s + r.exposed_s + r.optimizer_s + r.host_s;
   r.images_per_s = static_cast<double>(o.global_batch) / r.step_s;
   if (o.data_images_per_s > 0 && r.images_per_s > o.data_images_per_s * t.nodes) {

@@ -14,6 +14,7 @@
 #include "core/pools.h"
 #include "ops/cpu/threads.h"
 #include "ops/nn/training_pass.h"
+#include "parallel/shard_plan.h"
 #include "train/factory.h"
 #include "train/trainer.h"
 
@@ -130,42 +131,61 @@ double sample_sd(const std::vector<double>& v) {
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
-StepProfile profile_from_trace(const std::string& text, const std::string& source, const RunConfig& cfg) {
-  const std::string hint = "; write one with: replica train CONFIG --trace FILE (a few dozen steps)";
+namespace {
+const char* kTraceHint = "; write one with: replica train CONFIG --trace FILE (a few dozen steps)";
+
+struct Slice {
+  double ts, dur;  // seconds
+};
+// What a profile needs of a trace: replica 0's compute-track slices and gradients-ready marks.
+struct TraceEvents {
+  std::vector<Slice> fwd, bwd, opt, wait;  // bwd: the synchronised backward passes only
+  std::vector<std::pair<double, std::pair<int, int>>> ready;  // time, (first slot, count)
+  int replicas = 0;                                          // "replica N compute" tracks
+};
+
+TraceEvents read_trace_events(const std::string& text, const std::string& source) {
   Json j;
   try {
     j = Json::parse(text);
   } catch (const Json::exception& e) {
-    throw ConfigError(source + ": not a trace: " + e.what() + hint);
+    throw ConfigError(source + ": not a trace: " + e.what() + kTraceHint);
   }
   if (!j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array())
-    throw ConfigError(source + ": not a Chrome trace (no traceEvents)" + hint);
-  struct Slice {
-    double ts, dur;
-  };
-  std::vector<Slice> fwd, bwd, opt, wait;
-  std::vector<std::pair<double, std::pair<int, int>>> ready;  // time, (first, count)
-  int replicas = 0;
+    throw ConfigError(source + ": not a Chrome trace (no traceEvents)" + kTraceHint);
+  TraceEvents t;
   for (const auto& e : j["traceEvents"]) {
+    if (!e.is_object()) continue;
     const std::string ph = e.value("ph", ""), name = e.value("name", "");
-    if (ph == "M" && name == "thread_name" && e["args"].value("name", "").find(" compute") != std::string::npos)
-      ++replicas;
+    const Json args = e.value("args", Json::object());
+    if (ph == "M" && name == "thread_name" && args.value("name", "").find(" compute") != std::string::npos)
+      ++t.replicas;
     if (e.value("tid", -1) != 0) continue;  // replica 0's compute track
     const double ts = e.value("ts", 0.0) * 1e-6;
     if (ph == "X") {
-      const Slice s{ts, e.value("dur", 0.0) * 1e-6};
-      if (name == "forward") fwd.push_back(s);
-      else if (name.rfind("backward (buckets", 0) == 0) bwd.push_back(s);
-      else if (name == "optimizer") opt.push_back(s);
-      else if (name == "wait for gradient all-reduce") wait.push_back(s);
+      const Slice sl{ts, e.value("dur", 0.0) * 1e-6};
+      if (name == "forward") t.fwd.push_back(sl);
+      else if (name.rfind("backward (buckets", 0) == 0) t.bwd.push_back(sl);
+      else if (name == "optimizer") t.opt.push_back(sl);
+      else if (name == "wait for gradient all-reduce") t.wait.push_back(sl);
     } else if (ph == "i" && name == "gradients ready") {
-      ready.push_back({ts, {static_cast<int>(e["args"].value("first", -1.0)), static_cast<int>(e["args"].value("count", 0.0))}});
+      t.ready.push_back({ts, {static_cast<int>(args.value("first", -1.0)), static_cast<int>(args.value("count", 0.0))}});
     }
   }
-  if (bwd.size() < 3 || ready.empty())
-    throw ConfigError(source + ": " + std::to_string(bwd.size()) + " synchronised backward passes and " +
-                      std::to_string(ready.size()) + " 'gradients ready' marks on replica 0; a profile needs at least 3 steps "
-                      "traced by this version" + hint);
+  if (t.bwd.size() < 3 || t.ready.empty())
+    throw ConfigError(source + ": " + std::to_string(t.bwd.size()) + " synchronised backward passes and " +
+                      std::to_string(t.ready.size()) +
+                      " 'gradients ready' marks on replica 0; a profile needs at least 3 steps traced by this version" +
+                      kTraceHint);
+  return t;
+}
+}  // namespace
+
+StepProfile profile_from_trace(const std::string& text, const std::string& source, const RunConfig& cfg) {
+  const TraceEvents tr = read_trace_events(text, source);
+  const auto &fwd = tr.fwd, &bwd = tr.bwd, &opt = tr.opt, &wait = tr.wait;  // not a structured binding:
+  const auto& ready = tr.ready;                                             // clang 14 cannot capture one
+  const int replicas = tr.replicas;
   auto ds = make_dataset(cfg.data, "test");
   auto model = make_model(cfg, ds->sample_shape(), ds->classes());
   const auto& slots = model->registry().params();
@@ -206,7 +226,8 @@ StepProfile profile_from_trace(const std::string& text, const std::string& sourc
     sums.push_back(fk->dur + bk.dur);
     if (k + 1 < bwd.size()) period.push_back(bwd[k + 1].ts - bk.ts);
   }
-  if (f.size() < 2) throw ConfigError(source + ": fewer than 2 complete steps on replica 0 after the first two" + hint);
+  if (f.size() < 2)
+    throw ConfigError(source + ": fewer than 2 complete steps on replica 0 after the first two" + kTraceHint);
   StepProfile p;
   p.model = profile_model_key(cfg);
   p.device = source + " (replica 0 of " + std::to_string(replicas) + ", in a run)";
@@ -267,8 +288,25 @@ StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps)
     be.read_to_host(tiny, &f);
   };
   const size_t slots = model->registry().params().size();
+  // The step's checks between backward and the optimizer, as ReplicaStep makes them: the finite
+  // check and the squared norm over the norm's fixed blocks, then the one read to the host.
+  std::vector<int64_t> offsets;
+  for (const auto& slot : model->registry().params()) offsets.push_back(slot.offset);
+  const std::vector<int64_t> blocks = parallel::norm_blocks(offsets, model->grads().numel());
+  std::vector<std::pair<int64_t, int64_t>> segments;
+  for (size_t k = 0; k + 1 < blocks.size(); ++k) segments.push_back({blocks[k], blocks[k + 1] - blocks[k]});
+  Tensor stats = Tensor::zeros(*pool, {2}, DType::f32, MemTag::other);
+  Tensor partials = Tensor::zeros(*pool, {std::max<int64_t>(1, static_cast<int64_t>(segments.size()))}, DType::f32,
+                                  MemTag::other);
+  auto checks = [&] {
+    be.unscale_check_finite_into(model->grads(), 1.f, stats.view(0, {1}));
+    be.segment_sum_squares_into(model->grads(), segments, partials);
+    be.sum_in_order_into(partials, stats.view(1, {1}));
+    float host[2];
+    be.read_to_host(stats, host);
+  };
   std::vector<std::vector<double>> ready(slots);
-  std::vector<double> fwd, bwd, opt_s;
+  std::vector<double> fwd, bwd, opt_s, check_s;
   for (int i = 0; i < steps + 2; ++i) {
     nn::Context ctx(*pool, be, true);
     ctx.act_dtype = dt;
@@ -290,12 +328,15 @@ StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps)
     model->backward(ctx, d);
     settle();
     const double b = since(b0);
+    const auto c0 = Clock::now();
+    checks();
+    const double c = since(c0);
     const auto o0 = Clock::now();
     opt->step(model->params(), model->grads(), 0.f);
     settle();
     const double o = since(o0);
     if (i < 2) continue;  // first steps: allocations, cuDNN's algorithm search
-    fwd.push_back(f), bwd.push_back(b), opt_s.push_back(o);
+    fwd.push_back(f), bwd.push_back(b), opt_s.push_back(o), check_s.push_back(c);
     for (size_t s = 0; s < slots; ++s) ready[s].push_back(at[s]);
   }
   StepProfile p;
@@ -308,6 +349,7 @@ StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps)
   p.forward_s = median(fwd);
   p.backward_s = median(bwd);
   p.optimizer_s = median(opt_s);
+  p.host_s = median(check_s);
   std::vector<double> sums;
   for (size_t i = 0; i < fwd.size(); ++i) sums.push_back(fwd[i] + bwd[i]);
   p.compute_sd_s = sample_sd(sums);

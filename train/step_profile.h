@@ -19,7 +19,8 @@ struct StepProfile {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;  // medians over the measured steps
   double compute_sd_s = 0;  // standard deviation of forward + backward over the measured steps
   double host_s = 0;        // per step, outside forward, backward, the wait and the optimizer:
-                            // data wait and the step's host work (a run's trace has it; 0 measured here)
+                            // measured here: the finite check and norm pass over the gradients;
+                            // from a run's trace: all of the step's host work and data wait
   std::vector<int64_t> slot_elements;  // parameter slots in registration order
   std::vector<double> slot_ready_s;    // seconds into backward when each slot's gradient was final
   int steps = 0;                       // measured steps behind the medians
@@ -49,7 +50,8 @@ std::string profile_model_key(const RunConfig& cfg);
 StepProfile profile_from_trace(const std::string& trace_json, const std::string& source, const RunConfig& cfg);
 // Measures `steps` training steps (after 2 unmeasured) of one replica of `cfg` at micro-batch
 // `micro` on the configuration's first device, in a scratch pool: no data loading, no
-// communication. A CPU replica runs with parallel.intra_op_threads threads, as in training.
+// communication; the step's finite check and norm pass are timed as host_s. A CPU replica runs
+// with parallel.intra_op_threads threads, as in training.
 StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps = 5);
 
 }  // namespace replica::train

@@ -161,6 +161,23 @@ TEST(ScalingPlan, TheSlowestReplicaSetsThePace) {
   EXPECT_EQ(plan_step(p, one, options()).straggler_s, 0) << "one replica waits for nobody";
 }
 
+TEST(ScalingPlan, HostWorkIsAddedOncePerStepAndStretchedOnSharedCores) {
+  StepProfile p = profile({0.5, 1.0}, true);
+  p.host_s = 0.2;
+  PlanTarget one = two_devices(0.001);
+  one.per_node = 1;
+  PlanOptions o = options(10);
+  EXPECT_NEAR(plan_step(p, one, o).step_s, 3.5 + 0.2, 1e-12);
+  o.global_batch = 20;
+  o.max_micro_batch = 5;  // 4 micro-steps of 5: the host work is still once per step
+  EXPECT_NEAR(plan_step(p, one, o).step_s, 4 * 1.5 + 0.5 + 0.2, 1e-12);
+  PlanTarget three = two_devices(1e-9);
+  three.per_node = 3;
+  PlanOptions shared = options(30);
+  shared.cpu_cores_per_node = 1;  // three replicas on one core: everything 3x
+  EXPECT_NEAR(plan_step(p, three, shared).host_s, 0.6, 1e-12);
+}
+
 TEST(ScalingPlan, TimeAndCostToTheEpochs) {
   PlanOptions o = options();
   o.epochs = 2;
@@ -268,6 +285,8 @@ TEST(StepProfile, MeasuredProfileHasEverySlotReadyWithinBackward) {
   EXPECT_EQ(p.micro_batch, 8);
   EXPECT_GT(p.forward_s, 0);
   EXPECT_GT(p.backward_s, 0);
+  EXPECT_GE(p.host_s, 0) << "the finite check and norm pass";
+  EXPECT_LT(p.host_s, p.backward_s) << "one pass over the gradients, not a backward";
   ASSERT_FALSE(p.slot_elements.empty());
   double last = 0;
   for (size_t s = 0; s < p.slot_elements.size(); ++s) {
