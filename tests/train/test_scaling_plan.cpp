@@ -331,4 +331,9 @@ TEST(StepProfile, ReadFromARunsTrace) {
   }
   EXPECT_THROW(profile_from_trace("{\"traceEvents\":[]}", "empty.json", cfg), ConfigError);
   EXPECT_THROW(profile_from_trace("not json", "junk.json", cfg), ConfigError);
+  // Events without args, or not objects at all: skipped, then a named error (no crash).
+  EXPECT_THROW(profile_from_trace(R"({"traceEvents":[1,{"ph":"i","name":"gradients ready","tid":0,"ts":1},)"
+                                  R"({"ph":"M","name":"thread_name","tid":0}]})",
+                                  "bare.json", cfg),
+               ConfigError);
 }
