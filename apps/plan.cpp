@@ -89,6 +89,7 @@ train::PlanOptions plan_options(const train::RunConfig& cfg, const PlanArgs& a) 
   o.wire_bytes = static_cast<double>(dtype_size(parse_dtype(cfg.parallel.grad_dtype)));
   o.bucket_mb = cfg.parallel.bucket_mb;
   o.first_bucket_mb = cfg.parallel.first_bucket_mb;
+  o.choose_bucket = true;
   o.threads_per_replica = cfg.parallel.intra_op_threads;
   o.pinned = cfg.parallel.pin_threads && cfg.parallel.intra_op_threads == 1;  // as the trainer pins
   o.data_images_per_s = a.data_images_per_s;

@@ -59,7 +59,27 @@ double expected_max_of_normals(int n) {
   return sum * step;
 }
 
+namespace {
+PlanResult walk(const StepProfile& profile, const PlanTarget& t, const PlanOptions& o);
+}  // namespace
+
 PlanResult plan_step(const StepProfile& profile, const PlanTarget& t, const PlanOptions& o) {
+  PlanResult best = walk(profile, t, o);
+  if (!o.choose_bucket || t.devices() == 1) return best;
+  // The bucket size it would choose: each candidate walked, the fastest step kept (the
+  // configuration's parallel.bucket_mb on a tie). Small buckets start sooner behind backward,
+  // large ones pay the per-collective latency fewer times.
+  for (double mb : {1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0}) {
+    PlanOptions c = o;
+    c.bucket_mb = mb;
+    PlanResult r = walk(profile, t, c);
+    if (r.step_s < best.step_s * (1 - 1e-9)) best = std::move(r);
+  }
+  return best;
+}
+
+namespace {
+PlanResult walk(const StepProfile& profile, const PlanTarget& t, const PlanOptions& o) {
   const int n = t.devices();
   if (n < 1) throw ConfigError("plan: a device count must be at least 1");
   if (o.global_batch % n != 0)
@@ -68,6 +88,7 @@ PlanResult plan_step(const StepProfile& profile, const PlanTarget& t, const Plan
                       std::to_string((o.global_batch / n + 1) * n));
   PlanResult r;
   r.target = t;
+  r.bucket_mb = o.bucket_mb;
   const int64_t per_device = o.global_batch / n;
   // The largest micro-batch that fits and divides the device's share: accumulate the rest.
   r.micro_batch = per_device;
@@ -132,6 +153,7 @@ PlanResult plan_step(const StepProfile& profile, const PlanTarget& t, const Plan
   }
   return r;
 }
+}  // namespace
 
 std::string plan_table(const StepProfile& p, const PlanOptions& o, const std::vector<PlanResult>& results,
                        const std::vector<std::string>& memory) {
@@ -144,18 +166,19 @@ std::string plan_table(const StepProfile& p, const PlanOptions& o, const std::ve
                 p.device.c_str(), static_cast<long>(p.micro_batch), p.forward_s * 1e3, p.backward_s * 1e3,
                 p.optimizer_s * 1e3, static_cast<long>(p.params()), p.slot_elements.size());
   out << b;
-  std::snprintf(b, sizeof b, "%-26s %11s %10s %10s %7s %11s %11s %-18s %8s %10s", "devices / link", "micro x acc",
-                "step (ms)", "img/s", "effic.", "comm (ms)", "exposed", "algorithm", "buckets", "memory");
+  std::snprintf(b, sizeof b, "%-26s %11s %10s %10s %7s %11s %11s %-18s %12s %10s", "devices / link", "micro x acc",
+                "step (ms)", "img/s", "effic.", "comm (ms)", "exposed", "algorithm", "buckets (MB)", "memory");
   out << b;
   if (o.epochs > 0 && o.dataset_images > 0) out << "  hours / " << o.epochs << " ep" << (o.cost_per_device_hour > 0 ? "   cost" : "");
   out << "\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
-    std::snprintf(b, sizeof b, "%-26s %7ld x %-2d %10.1f %10.1f %6.1f%% %11.2f %11.2f %-18s %8zu %10s",
+    char buckets[32];
+    std::snprintf(buckets, sizeof buckets, "%zu (%g)", r.buckets.size(), r.bucket_mb);
+    std::snprintf(b, sizeof b, "%-26s %7ld x %-2d %10.1f %10.1f %6.1f%% %11.2f %11.2f %-18s %12s %10s",
                   r.target.label().c_str(), static_cast<long>(r.micro_batch), r.accumulation, r.step_s * 1e3,
                   r.images_per_s, 100 * r.efficiency, r.comm_s * 1e3, r.exposed_s * 1e3,
-                  r.target.devices() > 1 ? r.algorithm.c_str() : "-", r.buckets.size(),
-                  i < memory.size() ? memory[i].c_str() : "");
+                  r.target.devices() > 1 ? r.algorithm.c_str() : "-", buckets, i < memory.size() ? memory[i].c_str() : "");
     out << b;
     if (o.epochs > 0 && o.dataset_images > 0) {
       std::snprintf(b, sizeof b, "  %10.2f", r.hours);
@@ -195,6 +218,7 @@ std::string plan_json(const StepProfile& p, const PlanOptions& o, const std::vec
                     {"exposed_comm_ms", json_number(r.exposed_s * 1e3)},
                     {"straggler_ms", json_number(r.straggler_s * 1e3)},
                     {"algorithm", r.target.devices() > 1 ? r.algorithm : ""},
+                    {"bucket_mb", r.bucket_mb},
                     {"data_bound", r.data_bound},
                     {"memory", i < memory.size() ? memory[i] : ""},
                     {"hours", json_number(r.hours)},

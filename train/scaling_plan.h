@@ -40,6 +40,7 @@ struct PlanOptions {
   int64_t max_micro_batch = 0;  // the largest that fits (memplan); 0: no limit
   double wire_bytes = 4;        // bytes per gradient element on the wire (parallel.grad_dtype)
   double bucket_mb = 25, first_bucket_mb = 1;
+  bool choose_bucket = false;   // also walk 1..200 MB buckets and keep the fastest (replica plan does)
   int cpu_cores_per_node = 0;   // CPU replicas: the node's cores they share (0: dedicated devices)
   int threads_per_replica = 1;
   bool pinned = true;               // parallel.pin_threads (with one intra-op thread)
@@ -59,6 +60,7 @@ struct PlanResult {
   PlanTarget target;
   int64_t micro_batch = 0;
   int accumulation = 1;
+  double bucket_mb = 25;  // the bucket size the step was walked with (the chosen one)
   double forward_s = 0, backward_s = 0, optimizer_s = 0;  // one micro-step's, on this target
   double comm_s = 0;     // the all-reduces' total
   double exposed_s = 0;  // what of it backward does not hide
@@ -74,6 +76,7 @@ struct PlanResult {
 
 // E[max of n standard normals] (numerical integral): 0 for 1, 0.5642 for 2, 1.0294 for 4, 1.4236 for 8.
 double expected_max_of_normals(int n);
+// With opts.choose_bucket, the bucket size whose step is fastest (PlanResult::bucket_mb).
 // Errors (ConfigError): a global batch the device count does not divide.
 PlanResult plan_step(const StepProfile& profile, const PlanTarget& target, const PlanOptions& opts);
 

@@ -178,6 +178,29 @@ TEST(ScalingPlan, HostWorkIsAddedOncePerStepAndStretchedOnSharedCores) {
   EXPECT_NEAR(plan_step(p, three, shared).host_s, 0.6, 1e-12);
 }
 
+TEST(ScalingPlan, ChoosesTheBucketSize) {
+  // 16 slots of 1 MiB ready evenly over backward. With no latency, small buckets follow backward
+  // closely (exposed: the last bucket only); at 1 s per collective 16 buckets queue for 16 s, and
+  // two (the first 1 MiB, then the rest) are best.
+  std::vector<double> ready;
+  for (int i = 1; i <= 16; ++i) ready.push_back(2.0 * i / 16);
+  PlanOptions o = options();
+  o.choose_bucket = true;
+  o.bucket_mb = 25;
+  PlanTarget fast = two_devices(0.02);
+  const PlanResult small = plan_step(profile(ready), fast, o);
+  EXPECT_EQ(small.bucket_mb, 1) << "no latency: the smallest buckets";
+  EXPECT_LE(small.step_s, plan_step(profile(ready), fast, options()).step_s + 1e-12);
+  PlanTarget slow = fast;
+  slow.intra.alpha_s = 0.5;  // 2 hops for 2 ranks: 1 s per collective
+  const PlanResult big = plan_step(profile(ready), slow, o);
+  EXPECT_GE(big.bucket_mb, 25) << "high latency: few buckets";
+  EXPECT_LT(big.buckets.size(), 4u);
+  PlanTarget one = fast;
+  one.per_node = 1;
+  EXPECT_EQ(plan_step(profile(ready), one, o).bucket_mb, 25) << "one device: nothing to choose";
+}
+
 TEST(ScalingPlan, TimeAndCostToTheEpochs) {
   PlanOptions o = options();
   o.epochs = 2;
