@@ -79,6 +79,13 @@ ShardPlan plan_shards(ShardMode mode, int64_t total, int world, const std::vecto
   return p;
 }
 
+std::vector<std::pair<int64_t, int64_t>> norm_segments(const std::vector<int64_t>& blocks, int64_t first, int64_t hi) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t n = static_cast<int64_t>(blocks.size()) - 1;
+  for (int64_t k = first; k < n && blocks[k] < hi; ++k) out.push_back({blocks[k], blocks[k + 1] - blocks[k]});
+  return out;
+}
+
 std::vector<int64_t> norm_blocks(const std::vector<int64_t>& slot_offsets, int64_t total, int64_t block) {
   std::vector<int64_t> b(slot_offsets.begin(), slot_offsets.end());
   for (int64_t at = 0; at < total; at += block) b.push_back(at);

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace replica::parallel {
@@ -41,5 +42,8 @@ ShardPlan plan_shards(ShardMode mode, int64_t total, int world, const std::vecto
 // of `block` elements, and the end, sorted. Partial squares per block, added in block order, give
 // the same bits whatever the replica count and the sharding (each block lies inside one shard).
 std::vector<int64_t> norm_blocks(const std::vector<int64_t>& slot_offsets, int64_t total, int64_t block = 4096);
+// The segments (start, length) of norm_blocks' `blocks` from block `first` on that start below
+// `hi`: what a replica sums the squares of (all of them unsharded; its own under ZeRO-2).
+std::vector<std::pair<int64_t, int64_t>> norm_segments(const std::vector<int64_t>& blocks, int64_t first, int64_t hi);
 
 }  // namespace replica::parallel

@@ -172,6 +172,28 @@ Checkpoint Trainer::last_step_checkpoint(const std::vector<int>& survivors, int6
   return compose_checkpoint(keep, buffers, opt_state, step, step / spe, step % spe);
 }
 
+namespace {
+// Who was lost and who is left: the record's first half, and the survivors' local indices and
+// devices (the new group's).
+ShrinkRecord record_loss(parallel::ReplicaGroup& group, const std::string& cause, int accumulation,
+                         std::vector<int>& survivors, std::vector<Device>& devices) {
+  ShrinkRecord r;
+  r.cause = cause;
+  r.lost = group.last_failures().front();
+  r.lost_device = group.replica(r.lost).device().str();
+  r.world_before = group.world();
+  r.accumulation_before = accumulation;
+  for (int i = 0; i < group.size(); ++i) {
+    if (group.replica(i).rank() == r.lost) continue;
+    survivors.push_back(i);
+    devices.push_back(group.replica(i).device());
+    r.layout += (r.layout.empty() ? "" : ",") + devices.back().str();
+  }
+  r.world_after = static_cast<int>(survivors.size());
+  return r;
+}
+}  // namespace
+
 bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop) {
   // 1. Is it a lost replica we can go on without? One process, one replica failing on its own
   //    (a diverged loss or a bad label fails every replica alike; a hang fails none).
@@ -179,21 +201,9 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
   if (group_->last_failures().size() != 1 || group_->size() < 2) return false;
   const auto seen = Clock::now();
   const auto t0 = fault_ && fault_->fired_at() ? *fault_->fired_at() : seen;  // REPLICA_FAULT's throw
-  ShrinkRecord r;
-  r.cause = e.what();
-  r.lost = group_->last_failures().front();
-  r.lost_device = group_->replica(r.lost).device().str();
-  r.world_before = group_->world();
-  r.accumulation_before = accumulation_;
   std::vector<int> survivors;
   std::vector<Device> devices;
-  for (int i = 0; i < group_->size(); ++i) {
-    if (group_->replica(i).rank() == r.lost) continue;
-    survivors.push_back(i);
-    devices.push_back(group_->replica(i).device());
-    r.layout += (r.layout.empty() ? "" : ",") + devices.back().str();
-  }
-  r.world_after = static_cast<int>(survivors.size());
+  ShrinkRecord r = record_loss(*group_, e.what(), accumulation_, survivors, devices);
 
   // 2. The last step every survivor completed: their parameters, optimizer state and scaler are
   //    that step's (the update comes after every collective of a step, so a step no survivor

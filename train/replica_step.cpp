@@ -46,7 +46,7 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
     hi = o_.shard.hi(rank);
     first_block_ = static_cast<int64_t>(block_bounds_[rank]);
   }
-  for (int64_t k = first_block_; k < nblocks && blocks[k] < hi; ++k) norm_segments_.push_back({blocks[k], blocks[k + 1] - blocks[k]});
+  norm_segments_ = parallel::norm_segments(blocks, first_block_, hi);
 }
 
 Tensor ReplicaStep::reduced_grads() const {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "core/device.h"
 #include "core/cuda/runtime.h"
@@ -105,15 +106,6 @@ StepProfile StepProfile::from_json(const std::string& text, const std::string& s
   return p;
 }
 
-std::string profile_model_key(const RunConfig& cfg) {
-  auto ds = make_dataset(cfg.data, "test");  // shape and classes only
-  const Shape s = ds->sample_shape();
-  return cfg.model.arch + (cfg.model.width > 0 ? " width " + std::to_string(cfg.model.width) : "") + " " +
-         std::to_string(s[0]) + "x" +
-         std::to_string(s[1]) + "x" + std::to_string(s[2]) + ", " + std::to_string(ds->classes()) + " classes, " +
-         cfg.train.precision + ", " + cfg.optim.name;
-}
-
 namespace {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -129,7 +121,38 @@ double sample_sd(const std::vector<double>& v) {
   return std::sqrt(sq / static_cast<double>(v.size() - 1));
 }
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string model_key(const RunConfig& cfg, const data::Dataset& ds) {
+  const Shape s = ds.sample_shape();
+  return cfg.model.arch + (cfg.model.width > 0 ? " width " + std::to_string(cfg.model.width) : "") + " " +
+         std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]) + ", " +
+         std::to_string(ds.classes()) + " classes, " + cfg.train.precision + ", " + cfg.optim.name;
+}
+
+// Per-step samples of a profile, and what both kinds of profile make of them: medians, the
+// spread of forward + backward, each slot's size and median ready time.
+struct StepSamples {
+  std::vector<double> fwd, bwd, opt;
+  std::vector<std::vector<double>> ready;  // per slot
+};
+void summarise(const StepSamples& s, const nn::Model& model, StepProfile& p) {
+  p.steps = static_cast<int>(s.fwd.size());
+  p.forward_s = median(s.fwd);
+  p.backward_s = median(s.bwd);
+  p.optimizer_s = median(s.opt);
+  std::vector<double> sums;
+  for (size_t i = 0; i < s.fwd.size(); ++i) sums.push_back(s.fwd[i] + s.bwd[i]);
+  p.compute_sd_s = sample_sd(sums);
+  const auto& slots = model.registry().params();
+  for (size_t k = 0; k < slots.size(); ++k) {
+    p.slot_elements.push_back(slots[k].shape.numel());
+    p.slot_ready_s.push_back(median(s.ready[k]));
+  }
+}
 }  // namespace
+
+std::string profile_model_key(const RunConfig& cfg) { return model_key(cfg, *make_dataset(cfg.data, "test")); }
+
 
 namespace {
 const char* kTraceHint = "; write one with: replica train CONFIG --trace FILE (a few dozen steps)";
@@ -188,12 +211,14 @@ StepProfile profile_from_trace(const std::string& text, const std::string& sourc
   const int replicas = tr.replicas;
   auto ds = make_dataset(cfg.data, "test");
   auto model = make_model(cfg, ds->sample_shape(), ds->classes());
+  const std::string key = model_key(cfg, *ds);
   const auto& slots = model->registry().params();
   const int accumulation = cfg.train.micro_batch > 0 && replicas > 0
                                ? static_cast<int>(cfg.train.global_batch / replicas / cfg.train.micro_batch)
                                : 1;
-  std::vector<std::vector<double>> at(slots.size());
-  std::vector<double> f, b, o, w, period, sums;
+  StepSamples smp;
+  smp.ready.resize(slots.size());
+  std::vector<double> w, period;
   // Steps after the first two (allocations, the bucket re-cut): each synchronised backward with
   // the forward just before it, the optimizer and the wait after it.
   for (size_t k = 2; k < bwd.size(); ++k) {
@@ -204,11 +229,11 @@ StepProfile profile_from_trace(const std::string& text, const std::string& sourc
       const auto [first, count] = range;
       if (first < 0 || first + count > static_cast<int>(slots.size()))
         throw ConfigError(source + ": gradients of parameter slot " + std::to_string(first + count - 1) + " in a model of " +
-                          std::to_string(slots.size()) + " slots: a trace of another model than " + profile_model_key(cfg));
+                          std::to_string(slots.size()) + " slots: a trace of another model than " + key);
       for (int s = first; s < first + count; ++s) slot_at[static_cast<size_t>(s)] = t - bk.ts;
     }
     for (size_t s = 0; s < slots.size(); ++s)
-      if (slot_at[s] >= 0) at[s].push_back(slot_at[s]);
+      if (slot_at[s] >= 0) smp.ready[s].push_back(slot_at[s]);
     auto before = [&](const std::vector<Slice>& v) {  // the last slice that starts before bk
       const Slice* best = nullptr;
       for (const auto& x : v)
@@ -222,141 +247,152 @@ StepProfile profile_from_trace(const std::string& text, const std::string& sourc
     };
     const Slice *fk = before(fwd), *ok = after(opt), *wk = after(wait);
     if (!fk || !ok) continue;
-    f.push_back(fk->dur), b.push_back(bk.dur), o.push_back(ok->dur), w.push_back(wk ? wk->dur : 0);
-    sums.push_back(fk->dur + bk.dur);
+    smp.fwd.push_back(fk->dur), smp.bwd.push_back(bk.dur), smp.opt.push_back(ok->dur), w.push_back(wk ? wk->dur : 0);
     if (k + 1 < bwd.size()) period.push_back(bwd[k + 1].ts - bk.ts);
   }
-  if (f.size() < 2)
+  if (smp.fwd.size() < 2)
     throw ConfigError(source + ": fewer than 2 complete steps on replica 0 after the first two" + kTraceHint);
+  for (size_t s = 0; s < slots.size(); ++s)
+    if (smp.ready[s].empty())
+      throw ConfigError(source + ": parameter slot " + std::to_string(s) + " (" + slots[s].name +
+                        ") never became ready in the trace: a trace of another model than " + key);
   StepProfile p;
-  p.model = profile_model_key(cfg);
+  p.model = key;
   p.device = source + " (replica 0 of " + std::to_string(replicas) + ", in a run)";
   p.micro_batch = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : cfg.train.global_batch / std::max(1, replicas);
-  p.steps = static_cast<int>(f.size());
-  p.forward_s = median(f);
-  p.backward_s = median(b);
-  p.optimizer_s = median(o);
-  p.compute_sd_s = sample_sd(sums);
+  summarise(smp, *model, p);
   // The step period less what the plan models itself: the host's share of a step.
   if (!period.empty())
     p.host_s = std::max(0.0, median(period) - accumulation * (p.forward_s + p.backward_s) - median(w) - p.optimizer_s);
-  for (size_t s = 0; s < slots.size(); ++s) {
-    if (at[s].empty())
-      throw ConfigError(source + ": parameter slot " + std::to_string(s) + " (" + slots[s].name +
-                        ") never became ready in the trace: a trace of another model than " + profile_model_key(cfg));
-    p.slot_elements.push_back(slots[s].shape.numel());
-    p.slot_ready_s.push_back(median(at[s]));
-  }
   return p;
 }
 
-StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps) {
-  const Device device = parse_devices(cfg.parallel.devices).at(0);
-  const bool gpu = device.kind == DeviceKind::cuda;
-  if (gpu) cuda::set_device(device.index);
-  else ops::set_intra_op_threads(cfg.parallel.intra_op_threads);
-  auto ds = make_dataset(cfg.data, "test");
-  const Shape sample = ds->sample_shape();
-  PoolOptions po;
-  po.mode = AllocatorMode::growth;
-  auto pool = make_pool(gpu ? device : Device{DeviceKind::cpu, 0}, po);
-  const DType dt = parse_dtype(cfg.train.precision);
-  auto model = make_model(cfg, sample, ds->classes());
-  model->materialize(*pool, 0, dt);
-  auto opt = make_optimizer(cfg.optim, *model, *pool);
-  // Inputs and labels like a data set's (not zeros: a step on zeros is not the same work, e.g.
-  // batch norm of a constant, a loss at its symmetric point).
-  Tensor x = Tensor::empty(*pool, {micro, sample[0], sample[1], sample[2]}, DType::f32, MemTag::other);
-  Tensor y = Tensor::empty(*pool, {micro}, DType::i32, MemTag::other);
-  {
-    std::vector<float> hx(static_cast<size_t>(x.numel()));
-    std::vector<int32_t> hy(static_cast<size_t>(micro));
-    uint32_t r = 12345;
-    for (float& v : hx) r = r * 1664525u + 1013904223u, v = static_cast<float>(r >> 8) / 16777216.0f - 0.5f;
-    for (size_t i = 0; i < hy.size(); ++i) hy[i] = static_cast<int32_t>(i % static_cast<size_t>(ds->classes()));
-    const Device host{DeviceKind::cpu, 0};
-    copy_tensor(Tensor::wrap(hx.data(), x.shape(), DType::f32, host), x, nullptr);
-    copy_tensor(Tensor::wrap(hy.data(), y.shape(), DType::i32, host), y, nullptr);
-  }
-  Tensor tiny = Tensor::zeros(*pool, {1}, DType::f32, MemTag::other);
-  auto& be = ops::backend_for(pool->device());
+namespace {
+// One replica of a configuration in a scratch pool, with fixed inputs of one micro-batch: what
+// measure_step_profile times. Members in the order they must be built (and torn down in reverse).
+struct ScratchReplica {
+  Device device;
+  bool gpu = false;
+  std::unique_ptr<MemoryPool> pool;
+  std::unique_ptr<nn::Model> model;
+  std::unique_ptr<optim::Optimizer> opt;
+  ops::Backend* be = nullptr;
+  DType act = DType::f32;
+  Tensor x, y, tiny;
+  // The step's checks between backward and the optimizer, as ReplicaStep makes them.
+  std::vector<std::pair<int64_t, int64_t>> segments;
+  Tensor stats, partials;
+
   // A GPU's kernels run behind the host: wait for them at each mark (it serialises the step a
   // little; the profile is about where the time goes, not the last percent).
-  auto settle = [&] {
+  void settle() {
     if (!gpu) return;
     float f;
-    be.read_to_host(tiny, &f);
-  };
-  const size_t slots = model->registry().params().size();
-  // The step's checks between backward and the optimizer, as ReplicaStep makes them: the finite
-  // check and the squared norm over the norm's fixed blocks, then the one read to the host.
-  std::vector<int64_t> offsets;
-  for (const auto& slot : model->registry().params()) offsets.push_back(slot.offset);
-  const std::vector<int64_t> blocks = parallel::norm_blocks(offsets, model->grads().numel());
-  std::vector<std::pair<int64_t, int64_t>> segments;
-  for (size_t k = 0; k + 1 < blocks.size(); ++k) segments.push_back({blocks[k], blocks[k + 1] - blocks[k]});
-  Tensor stats = Tensor::zeros(*pool, {2}, DType::f32, MemTag::other);
-  Tensor partials = Tensor::zeros(*pool, {std::max<int64_t>(1, static_cast<int64_t>(segments.size()))}, DType::f32,
-                                  MemTag::other);
-  auto checks = [&] {
-    be.unscale_check_finite_into(model->grads(), 1.f, stats.view(0, {1}));
-    be.segment_sum_squares_into(model->grads(), segments, partials);
-    be.sum_in_order_into(partials, stats.view(1, {1}));
+    be->read_to_host(tiny, &f);
+  }
+  // The finite check and the squared norm over the norm's fixed blocks, then the one host read.
+  void checks() {
+    be->unscale_check_finite_into(model->grads(), 1.f, stats.view(0, {1}));
+    be->segment_sum_squares_into(model->grads(), segments, partials);
+    be->sum_in_order_into(partials, stats.view(1, {1}));
     float host[2];
-    be.read_to_host(stats, host);
-  };
-  std::vector<std::vector<double>> ready(slots);
-  std::vector<double> fwd, bwd, opt_s, check_s;
+    be->read_to_host(stats, host);
+  }
+};
+
+ScratchReplica make_scratch(const RunConfig& cfg, const data::Dataset& ds, int64_t micro) {
+  ScratchReplica r;
+  r.device = parse_devices(cfg.parallel.devices).at(0);
+  r.gpu = r.device.kind == DeviceKind::cuda;
+  if (r.gpu) cuda::set_device(r.device.index);
+  else ops::set_intra_op_threads(cfg.parallel.intra_op_threads);
+  PoolOptions po;
+  po.mode = AllocatorMode::growth;
+  r.pool = make_pool(r.gpu ? r.device : Device{DeviceKind::cpu, 0}, po);
+  r.act = parse_dtype(cfg.train.precision);
+  const Shape sample = ds.sample_shape();
+  r.model = make_model(cfg, sample, ds.classes());
+  r.model->materialize(*r.pool, 0, r.act);
+  r.opt = make_optimizer(cfg.optim, *r.model, *r.pool);
+  r.be = &ops::backend_for(r.pool->device());
+  // Inputs and labels like a data set's (not zeros: a step on zeros is not the same work, e.g.
+  // batch norm of a constant, a loss at its symmetric point).
+  r.x = Tensor::empty(*r.pool, {micro, sample[0], sample[1], sample[2]}, DType::f32, MemTag::other);
+  r.y = Tensor::empty(*r.pool, {micro}, DType::i32, MemTag::other);
+  std::vector<float> hx(static_cast<size_t>(r.x.numel()));
+  std::vector<int32_t> hy(static_cast<size_t>(micro));
+  uint32_t seed = 12345;
+  for (float& v : hx) seed = seed * 1664525u + 1013904223u, v = static_cast<float>(seed >> 8) / 16777216.0f - 0.5f;
+  for (size_t i = 0; i < hy.size(); ++i) hy[i] = static_cast<int32_t>(i % static_cast<size_t>(ds.classes()));
+  const Device host{DeviceKind::cpu, 0};
+  copy_tensor(Tensor::wrap(hx.data(), r.x.shape(), DType::f32, host), r.x, nullptr);
+  copy_tensor(Tensor::wrap(hy.data(), r.y.shape(), DType::i32, host), r.y, nullptr);
+  r.tiny = Tensor::zeros(*r.pool, {1}, DType::f32, MemTag::other);
+  std::vector<int64_t> offsets;
+  for (const auto& slot : r.model->registry().params()) offsets.push_back(slot.offset);
+  const int64_t total = r.model->grads().numel();
+  r.segments = parallel::norm_segments(parallel::norm_blocks(offsets, total), 0, total);
+  r.stats = Tensor::zeros(*r.pool, {2}, DType::f32, MemTag::other);
+  r.partials = Tensor::zeros(*r.pool, {std::max<int64_t>(1, static_cast<int64_t>(r.segments.size()))}, DType::f32,
+                             MemTag::other);
+  return r;
+}
+
+// `steps` timed steps after 2 unmeasured ones (allocations, cuDNN's algorithm search); the
+// checks' times go to `checks_s`.
+StepSamples time_steps(ScratchReplica& r, const RunConfig& cfg, int64_t micro, int steps, std::vector<double>& checks_s) {
+  const size_t slots = r.model->registry().params().size();
+  StepSamples smp;
+  smp.ready.resize(slots);
   for (int i = 0; i < steps + 2; ++i) {
-    nn::Context ctx(*pool, be, true);
-    ctx.act_dtype = dt;
+    nn::Context ctx(*r.pool, *r.be, true);
+    ctx.act_dtype = r.act;
     ctx.bn_frozen = cfg.model.freeze_bn;
     std::vector<double> at(slots, 0);
     Clock::time_point b0;
     ctx.on_grads_ready = [&](int first, int count) {
-      settle();
+      r.settle();
       const double t = since(b0);
       for (int s = first; s < first + count; ++s) at[static_cast<size_t>(s)] = t;
     };
-    settle();
+    r.settle();
     const auto t0 = Clock::now();
     Tensor d;
-    nn::forward_and_loss(ctx, *model, x, y, 1.f / static_cast<float>(micro), d);
-    settle();
+    nn::forward_and_loss(ctx, *r.model, r.x, r.y, 1.f / static_cast<float>(micro), d);
+    r.settle();
     const double f = since(t0);
     b0 = Clock::now();
-    model->backward(ctx, d);
-    settle();
+    r.model->backward(ctx, d);
+    r.settle();
     const double b = since(b0);
     const auto c0 = Clock::now();
-    checks();
+    r.checks();
     const double c = since(c0);
     const auto o0 = Clock::now();
-    opt->step(model->params(), model->grads(), 0.f);
-    settle();
+    r.opt->step(r.model->params(), r.model->grads(), 0.f);
+    r.settle();
     const double o = since(o0);
-    if (i < 2) continue;  // first steps: allocations, cuDNN's algorithm search
-    fwd.push_back(f), bwd.push_back(b), opt_s.push_back(o), check_s.push_back(c);
-    for (size_t s = 0; s < slots; ++s) ready[s].push_back(at[s]);
+    if (i < 2) continue;
+    smp.fwd.push_back(f), smp.bwd.push_back(b), smp.opt.push_back(o), checks_s.push_back(c);
+    for (size_t s = 0; s < slots; ++s) smp.ready[s].push_back(at[s]);
   }
+  return smp;
+}
+}  // namespace
+
+StepProfile measure_step_profile(const RunConfig& cfg, int64_t micro, int steps) {
+  auto ds = make_dataset(cfg.data, "test");
+  ScratchReplica r = make_scratch(cfg, *ds, micro);
+  std::vector<double> checks_s;
+  const StepSamples smp = time_steps(r, cfg, micro, steps, checks_s);
   StepProfile p;
-  p.model = profile_model_key(cfg);
-  p.device = gpu ? device.str() + " (" + cuda_devices().at(device.index).name + ")"
-                 : "cpu (" + cpu_device_info(0).name + ", " + std::to_string(cfg.parallel.intra_op_threads) +
-                       " thread(s) per replica)";
+  p.model = model_key(cfg, *ds);
+  p.device = r.gpu ? r.device.str() + " (" + cuda_devices().at(r.device.index).name + ")"
+                   : "cpu (" + cpu_device_info(0).name + ", " + std::to_string(cfg.parallel.intra_op_threads) +
+                         " thread(s) per replica)";
   p.micro_batch = micro;
-  p.steps = steps;
-  p.forward_s = median(fwd);
-  p.backward_s = median(bwd);
-  p.optimizer_s = median(opt_s);
-  p.host_s = median(check_s);
-  std::vector<double> sums;
-  for (size_t i = 0; i < fwd.size(); ++i) sums.push_back(fwd[i] + bwd[i]);
-  p.compute_sd_s = sample_sd(sums);
-  for (size_t s = 0; s < slots; ++s) {
-    p.slot_elements.push_back(model->registry().params()[s].shape.numel());
-    p.slot_ready_s.push_back(median(ready[s]));
-  }
+  summarise(smp, *r.model, p);
+  p.host_s = median(checks_s);
   return p;
 }
 
