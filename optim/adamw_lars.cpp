@@ -28,7 +28,7 @@ void AdamW::step(const Tensor& params, const Tensor& grads, float lr) {
   for (const auto& grp : groups_) {
     u.decay = grp.decay ? 1.f - lr * o_.weight_decay : 1.f;
     Shape s{grp.count};
-    be.adamw_update(params.view(grp.offset, s), grads.view(grp.offset, s), m_.view(grp.offset - lo_, s),
+    be.adamw_update(at(params, grp.offset, s), at(grads, grp.offset, s), m_.view(grp.offset - lo_, s),
                     v_.view(grp.offset - lo_, s), u);
   }
 }
@@ -45,8 +45,8 @@ Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOp
     slots_.push_back({s.offset, n, s.kind == nn::ParamKind::weight});
   }
   momentum_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
-  for (const auto& s : slots_)
-    if (s.adapt) adapted_.emplace_back(s.offset, s.count);
+  for (const auto& s : slots_)  // from the range's start: the ratios read the range alone
+    if (s.adapt) adapted_.emplace_back(s.offset - lo_, s.count);
   ratios_ = Tensor::zeros(pool, {std::max<int64_t>(static_cast<int64_t>(adapted_.size()), 1)}, DType::f32,
                           MemTag::optimizer);
 }
@@ -56,12 +56,13 @@ void Lars::step(const Tensor& params, const Tensor& grads, float lr) {
   // Every adapted tensor's trust ratio in one pass, left on the device: the update reads it
   // there, so LARS adds no host synchronisation to the step.
   if (!adapted_.empty())
-    be.lars_trust_ratios(params, grads, adapted_, o_.trust_coefficient, o_.weight_decay, o_.eps, ratios_);
+    be.lars_trust_ratios(in_range(params), in_range(grads), adapted_, o_.trust_coefficient, o_.weight_decay, o_.eps,
+                         ratios_);
   int64_t k = 0;
   for (const auto& s : slots_) {
     Shape sh{s.count};
     const Tensor ratio = s.adapt ? ratios_.view(k++, {1}) : Tensor();
-    be.lars_update(params.view(s.offset, sh), grads.view(s.offset, sh), momentum_.view(s.offset - lo_, sh), lr, ratio,
+    be.lars_update(at(params, s.offset, sh), at(grads, s.offset, sh), momentum_.view(s.offset - lo_, sh), lr, ratio,
                    o_.momentum, s.adapt ? o_.weight_decay : 0.f);
   }
   steps_++;

@@ -29,8 +29,10 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
-  // One update of params from grads at learning rate lr, over the optimizer's range of the full
-  // flat buffers (params and grads are whole; only [range_lo, range_hi) is read or changed).
+  // One update of params from grads at learning rate lr, over the optimizer's range of the flat
+  // buffers: only [range_lo, range_hi) is read or changed. Each of params and grads is either whole
+  // (total() elements) or the range alone (range_hi - range_lo elements, indexed from range_lo):
+  // ZeRO-2 keeps only its shard of the reduced gradient, sharded masters only their shard.
   virtual void step(const Tensor& params, const Tensor& grads, float lr) = 0;
   // State tensors (momentum, moments) for checkpoints: each covers [range_lo, range_hi).
   virtual std::vector<Tensor*> state() = 0;
@@ -44,6 +46,11 @@ class Optimizer {
   // Fixes the range for a buffer of `total` elements; throws Error when it does not fit.
   void set_range(int64_t total, ShardRange r);
   int64_t range_size() const { return std::max<int64_t>(hi_ - lo_, 1); }  // state tensors are never empty
+  // The elements [offset, offset + s.numel()) (flat coordinates) of a buffer that is whole or the
+  // range alone (see step()); an Error for a buffer of any other size.
+  Tensor at(const Tensor& t, int64_t offset, Shape s) const;
+  // The range of a buffer that is whole or the range alone, as the range alone.
+  Tensor in_range(const Tensor& t) const { return at(t, lo_, {std::max<int64_t>(hi_ - lo_, 0)}); }
   int64_t steps_ = 0;
   int64_t lo_ = 0, hi_ = 0, total_ = 0;
 };
@@ -118,7 +125,7 @@ class Lars : public Optimizer {
     bool adapt;
   };
   std::vector<Slot> slots_;
-  std::vector<std::pair<int64_t, int64_t>> adapted_;  // (offset, count) of the adapted slots
+  std::vector<std::pair<int64_t, int64_t>> adapted_;  // (offset from range_lo, count) of the adapted slots
   Tensor momentum_;
   Tensor ratios_;  // their trust ratios, on the device
 };

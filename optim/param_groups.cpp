@@ -40,4 +40,12 @@ void Optimizer::set_range(int64_t total, ShardRange r) {
   total_ = total;
 }
 
+Tensor Optimizer::at(const Tensor& t, int64_t offset, Shape s) const {
+  if (t.numel() == total_) return t.view(offset, s);
+  if (t.numel() == hi_ - lo_ || (hi_ == lo_ && t.numel() == 1)) return t.view(offset - lo_, s);
+  throw Error(name() + ": a buffer of " + std::to_string(t.numel()) + " elements is neither the whole flat buffer (" +
+              std::to_string(total_) + ") nor this optimizer's range [" + std::to_string(lo_) + ", " +
+              std::to_string(hi_) + ")");
+}
+
 }  // namespace replica::optim

@@ -22,7 +22,7 @@ void Sgd::step(const Tensor& params, const Tensor& grads, float lr) {
     u.decoupled_wd = o_.decoupled ? lr * wd : 0.f;
     u.nesterov = o_.nesterov;
     u.first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
-    be.sgd_update(params.view(grp.offset, {grp.count}), grads.view(grp.offset, {grp.count}),
+    be.sgd_update(at(params, grp.offset, {grp.count}), at(grads, grp.offset, {grp.count}),
                   momentum_.view(grp.offset - lo_, {grp.count}), u);
   }
   steps_++;

@@ -19,6 +19,17 @@ GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Co
     if (offsets[s] < offsets[s - 1])
       throw Error("GradientSync: slot offsets must increase (slot " + std::to_string(s) + " starts at " +
                   std::to_string(offsets[s]) + ", before slot " + std::to_string(s - 1) + ")");
+  total_ = grads_.numel();
+  if (o_.release) {
+    const int rank = shard_rank();
+    if (o_.shard.size() < 2 || rank + 1 >= static_cast<int>(o_.shard.size()) || !o_.bind)
+      throw Error("GradientSync: releasing gradients needs the shard bounds, this rank's place in them and a bind");
+    total_ = o_.shard.back();
+    const int64_t mine = o_.shard[rank + 1] - o_.shard[rank];
+    if (grads_.numel() != std::max<int64_t>(mine, 1))
+      throw Error("GradientSync: the shard buffer holds " + std::to_string(grads_.numel()) + " elements; rank " +
+                  std::to_string(rank) + " owns " + std::to_string(mine));
+  }
   // Reverse parameter order at first: the last layers finish backward first.
   std::vector<int> reverse(n);
   for (int s = 0; s < n; ++s) reverse[s] = n - 1 - s;
@@ -27,7 +38,8 @@ GradientSync::GradientSync(const std::vector<int64_t>& offsets, Tensor grads, Co
     if (o_.wire != DType::f16 && o_.wire != DType::bf16)
       throw ConfigError("parallel.grad_dtype: gradients travel as fp32, fp16 or bf16");
     if (!o_.staging_pool) throw Error("GradientSync: a 16-bit wire dtype needs a staging pool");
-    staging_ = Tensor::empty(*o_.staging_pool, grads_.shape(), o_.wire, MemTag::comm);
+    // Released buckets round into a buffer of their own for as long as they travel.
+    if (!o_.release) staging_ = Tensor::empty(*o_.staging_pool, grads_.shape(), o_.wire, MemTag::comm);
     cast_ = o_.cast ? o_.cast : [](const Tensor& a, const Tensor& b) {
       convert(a.raw(), a.dtype(), b.raw(), b.dtype(), static_cast<size_t>(a.numel()));
     };
@@ -55,7 +67,7 @@ std::vector<int64_t> initial_bucket_edges(const std::vector<int64_t>& offsets, i
 
 void GradientSync::cut(const std::vector<int>& order) {
   const int n = static_cast<int>(offsets_.size());
-  const int64_t total = grads_.numel();
+  const int64_t total = total_;
   // Bucket sizes count the bytes that travel: 2 per element on a 16-bit wire, 4 in f32.
   const double wire_bytes = static_cast<double>(dtype_size(o_.wire));
   double cap = o_.first_bucket_mb * 1048576.0;
@@ -76,6 +88,7 @@ void GradientSync::cut(const std::vector<int>& order) {
   for (size_t k = 0; k < buckets_.size(); ++k) {
     auto& b = buckets_[k];
     std::sort(members[k].begin(), members[k].end());
+    b.members = members[k];
     for (int s : members[k]) {
       const int64_t lo = offsets_[s], hi = s + 1 < n ? offsets_[s + 1] : total;
       if (!b.ranges.empty() && b.ranges.back().second == lo) b.ranges.back().second = hi;
@@ -83,7 +96,9 @@ void GradientSync::cut(const std::vector<int>& order) {
     }
     b.lo = b.ranges.front().first;
     b.hi = b.ranges.back().second;
-    if (b.ranges.size() > 1) {  // not neighbours in memory: gathered into a buffer of its own
+    // Not neighbours in memory: gathered into a buffer of their own (release mode's storage is
+    // packed already).
+    if (b.ranges.size() > 1 && !o_.release) {
       MemoryPool* pool = o_.staging_pool ? o_.staging_pool : grads_.pool();
       b.packed = Tensor::empty(*pool, {b.elements}, o_.wire, MemTag::comm);
     }
@@ -98,6 +113,7 @@ void GradientSync::rebuild() {
   broadcast_host(comm_, grads_.pool(), order.data(), order.size(), 0);
   std::vector<int> slots(n);
   for (int i = 0; i < n; ++i) slots[i] = static_cast<int>(order[i]);
+  zero();  // nothing is held between steps; the slots are bound again to the new buckets
   observed_.clear();
   observed_.shrink_to_fit();
   rebuild_done_ = true;
@@ -113,6 +129,7 @@ void GradientSync::begin(bool sync) {
   sync_ = sync;
   launched_early_ = 0;
   next_launch_ = 0;
+  next_complete_ = 0;
   marked_.assign(bucket_of_slot_.size(), false);
   for (auto& b : buckets_) {
     b.pending = b.slots;
@@ -128,6 +145,22 @@ int64_t steady_ns() {
 
 void GradientSync::launch(Bucket& b) {
   b.launched_ns = steady_ns();
+  if (o_.release) {
+    if (!b.storage.defined()) take(b);  // no slot of it got a gradient this pass: zeros
+    void* data = b.storage.raw();
+    DType dt = DType::f32;
+    if (o_.wire != DType::f32) {  // the rounded copy travels; the f32 one can go at once
+      b.wire = Tensor::empty(*o_.staging_pool, {b.elements}, o_.wire, MemTag::comm);
+      cast_(b.storage, b.wire);
+      give_back(b);
+      data = b.wire.raw();
+      dt = o_.wire;
+    }
+    std::vector<size_t> within;
+    for (int64_t e : o_.shard) within.push_back(static_cast<size_t>(packed_position(b, e)));
+    b.work = comm_.reduce_scatter_v_async(data, static_cast<size_t>(b.elements), dt, ReduceOp::avg, within);
+    return;
+  }
   if (b.packed.defined()) {  // gather the ranges (cast to the wire dtype on the way), reduce, scatter in finish()
     int64_t at = 0;
     for (auto [lo, hi] : b.ranges) {
@@ -176,6 +209,72 @@ void GradientSync::unpack(Bucket& b) {
   }
 }
 
+int64_t GradientSync::packed_position(const Bucket& b, int64_t flat) const {
+  int64_t at = 0;
+  for (auto [lo, hi] : b.ranges) {
+    if (flat <= lo) break;
+    at += std::min(flat, hi) - lo;
+  }
+  return at;
+}
+
+void GradientSync::take(Bucket& b) {
+  b.storage = Tensor::zeros(*grads_.pool(), {b.elements}, DType::f32, MemTag::grads);
+  int64_t at = 0;  // the members in slot order are the ranges in order
+  for (int s : b.members) {
+    const int64_t n = (s + 1 < static_cast<int>(offsets_.size()) ? offsets_[s + 1] : total_) - offsets_[s];
+    o_.bind(s, b.storage.view(at, {n}));
+    at += n;
+  }
+}
+
+void GradientSync::give_back(Bucket& b) {
+  if (!b.storage.defined()) return;
+  for (int s : b.members) o_.bind(s, Tensor());
+  b.storage = Tensor();
+}
+
+// This rank's part of the reduced bucket, range by range, into its shard; then the bucket goes.
+void GradientSync::complete(Bucket& b) {
+  if (!b.storage.defined() && !b.wire.defined()) take(b);  // one replica: nothing travelled
+  const Tensor& from = b.wire.defined() ? b.wire : b.storage;
+  const int rank = shard_rank();
+  const int64_t mine_lo = o_.shard[rank], mine_hi = o_.shard[rank + 1];
+  int64_t at = 0;
+  for (auto [lo, hi] : b.ranges) {
+    const int64_t a = std::max(lo, mine_lo), e = std::min(hi, mine_hi);
+    if (a < e) {
+      const Tensor src = from.view(at + (a - lo), {e - a}), dst = grads_.view(a - mine_lo, {e - a});
+      if (from.dtype() != DType::f32) cast_(src, dst);
+      else copy_tensor(src, dst);
+    }
+    at += hi - lo;
+  }
+  give_back(b);
+  b.wire = Tensor();
+}
+
+void GradientSync::prepare(int first, int count) {
+  if (!o_.release) return;
+  for (int s = first; s < first + count; ++s) {
+    Bucket& b = buckets_.at(static_cast<size_t>(bucket_of_slot_.at(static_cast<size_t>(s))));
+    if (!b.storage.defined()) take(b);
+  }
+}
+
+void GradientSync::zero() {
+  for (auto& b : buckets_) {
+    give_back(b);
+    b.wire = Tensor();
+  }
+}
+
+int64_t GradientSync::held_elements() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) n += b.storage.defined() ? b.elements : 0;
+  return n;
+}
+
 void GradientSync::ready(int first, int count) {
   // The reducer's invariants (as PyTorch's REDUCER_CHECK): every slot is reported once per pass,
   // and only slots that exist; anything else would reduce a bucket early or never.
@@ -198,19 +297,31 @@ void GradientSync::ready(int first, int count) {
     launch(buckets_[next_launch_++]);
     launched_early_++;
   }
+  // Release mode: buckets whose collective is over go now, in order, while backward goes on.
+  while (o_.release && next_complete_ < next_launch_ && buckets_[next_complete_].work->done()) {
+    buckets_[next_complete_].done_ns = steady_ns();
+    complete(buckets_[next_complete_++]);
+  }
 }
 
 void GradientSync::finish(Stream* order) {
+  if (o_.release && sync_ && comm_.size() == 1) {  // nothing travels: the shard is the whole sum
+    for (auto& b : buckets_) complete(b);
+    return;
+  }
   if (!sync_ || comm_.size() == 1) return;
   // Launch in bucket order any bucket backward did not complete, so every rank issues the same
   // sequence of collectives.
   while (next_launch_ < static_cast<int>(buckets_.size())) launch(buckets_[next_launch_++]);
-  for (auto& b : buckets_) {
+  for (size_t k = o_.release ? static_cast<size_t>(next_complete_) : 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
     if (order) b.work->order_before(*order);
     else b.work->wait();
     b.done_ns = steady_ns();
-    unpack(b);  // on the compute stream, after the bucket
+    if (o_.release) complete(b);  // on the compute stream, after the bucket
+    else unpack(b);
   }
+  next_complete_ = static_cast<int>(buckets_.size());
   // The first synchronised pass has shown the order: the next begin() re-cuts the buckets (in
   // begin, so this step's buckets stay readable, e.g. for the timeline). A pass in which some
   // slot got no gradient shows no complete order; the next one is watched instead.
@@ -226,6 +337,7 @@ void GradientSync::drain() {
     }
     b.work = nullptr;
   }
+  zero();
 }
 
 void GradientSync::check() const {

@@ -37,6 +37,17 @@ struct BucketOptions {
   // each rank receives only its part of the reduced bucket, with the bits an all-reduce gives it;
   // the rest of its gradient buffer keeps its local sums. Empty: buckets are all-reduced.
   std::vector<int64_t> shard;
+  // ZeRO-2's release (with `shard`): there is no whole gradient buffer. Each bucket's gradients
+  // live in storage of its own (tag grads), taken and zeroed when backward first reaches one of
+  // its slots (prepare(); `bind` points the slots' gradient tensors there, packed in flat order)
+  // and given back once this rank's part of the reduced bucket is in its shard: the `grads`
+  // GradientSync was built with is then that shard alone, [shard[rank], shard[rank + 1]).
+  // Accumulation keeps a bucket's storage across the micro-steps, so the local sums add exactly
+  // as unsharded; a bucket goes as soon as its collective is seen done (polled as backward reports
+  // slots), else in finish().
+  bool release = false;
+  std::function<void(int slot, const Tensor& grad)> bind;  // the slot's elements (flat), or undefined
+  int rank = -1;  // whose shard: the communicator's rank when negative (memplan measures the largest)
 };
 
 struct Bucket {
@@ -49,6 +60,10 @@ struct Bucket {
   Tensor packed;
   int pending = 0;              // slots not yet final in this step
   WorkHandle work;
+  std::vector<int> members;     // its slots, increasing
+  // Release mode: the bucket's gradients (f32, its ranges packed in order) and, on a 16-bit wire,
+  // the rounded copy that travels; both only while the step needs them.
+  Tensor storage, wire;
   // steady-clock ns of the last step's launch and of finish() seeing it done (for timelines; a
   // finish ordered on a stream records when it returned, not when the device was done)
   int64_t launched_ns = 0, done_ns = 0;
@@ -67,6 +82,13 @@ class GradientSync {
   void ready(int first, int count);
   // Starts a backward pass; with sync false (accumulation micro-step) nothing is reduced.
   void begin(bool sync);
+  // Backward calls this before it writes slots [first, first + count): in release mode their
+  // buckets' storage is taken (zeroed) and bound; a no-op otherwise.
+  void prepare(int first, int count);
+  // Release mode: gives back every bucket's storage (a new step; an aborted one's leftovers).
+  void zero();
+  // Release mode: the gradient elements held now, in buckets' storage (not the shard).
+  int64_t held_elements() const;
   // Waits until every bucket is reduced; launches any bucket not yet launched (e.g. parameters
   // that got no gradient this pass). A no-op after a begin(false).
   // With `order` (the replica's compute stream), the wait is on the device where the
@@ -88,11 +110,20 @@ class GradientSync {
  private:
   void launch(Bucket& b);
   void unpack(Bucket& b);
+  // Release mode: takes a bucket's storage; copies its reduced part into the shard and gives the
+  // storage back; where a flat offset falls in the bucket's packed storage.
+  void take(Bucket& b);
+  void complete(Bucket& b);
+  void give_back(Bucket& b);
+  int64_t packed_position(const Bucket& b, int64_t flat) const;
+  bool releasing() const { return o_.release; }
+  int shard_rank() const { return o_.rank >= 0 ? o_.rank : comm_.rank(); }
   // Cuts buckets over `order` (slots, first to reduce first): first_bucket_mb, then bucket_mb.
   void cut(const std::vector<int>& order);
   void rebuild();
 
   std::vector<int64_t> offsets_;
+  int64_t total_ = 0;  // elements of the flat buffer (release mode: more than grads_ holds)
   BucketOptions o_;
   Tensor grads_, staging_;
   std::function<void(const Tensor&, const Tensor&)> cast_;
@@ -102,6 +133,7 @@ class GradientSync {
   bool sync_ = true;
   int launched_early_ = 0;
   int next_launch_ = 0;       // buckets launch in index order
+  int next_complete_ = 0;     // release mode: and complete in it
   std::vector<bool> marked_;  // slots reported ready in this pass
   std::vector<int> observed_;  // slots in the order they became ready, until the rebuild
   bool rebuild_pending_ = false, rebuild_done_ = false;

@@ -10,6 +10,8 @@
 #include "ops/models/resnet.h"
 #include "ops/nn/training_pass.h"
 #include "optim/optimizer.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/solo_communicator.h"
 #include "train/factory.h"
 #include "train/trainer.h"
 
@@ -38,12 +40,41 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
   model->materialize(*pool, 0, dt);
   const parallel::ShardPlan shard = make_shard_plan(cfg, *model, replicas);
   optim::ShardRange range;
+  int largest = 0;
   for (int r = 0; shard.sharded() && r < shard.world(); ++r)
-    if (shard.hi(r) - shard.lo(r) > range.hi - range.lo || range.hi < 0) range = {shard.lo(r), shard.hi(r)};
+    if (shard.hi(r) - shard.lo(r) > range.hi - range.lo || range.hi < 0) {
+      range = {shard.lo(r), shard.hi(r)};
+      largest = r;
+    }
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg.optim, *model, *pool, range);
+  // ZeRO-2 as ReplicaStep runs it: no whole gradient buffer, buckets bound as backward reaches
+  // them, the largest shard kept. Measured alone, a bucket goes at the end of backward (a run
+  // gives one back earlier when its reduce-scatter is seen done): the plan errs on the safe side.
+  const bool release = shard.mode == parallel::ShardMode::gradients;
+  std::unique_ptr<parallel::Communicator> solo;
+  std::unique_ptr<parallel::GradientSync> sync;
+  Tensor grads = model->grads();
   Tensor comm;
-  if (cfg.parallel.grad_dtype != "fp32")
+  if (release) {
+    std::vector<int64_t> offsets;
+    for (const auto& p : model->registry().params()) offsets.push_back(p.offset);
+    parallel::BucketOptions bo{cfg.parallel.bucket_mb, cfg.parallel.first_bucket_mb, DType::f32, pool.get()};
+    bo.shard = shard.bounds;
+    bo.release = true;
+    bo.rank = largest;
+    bo.rebuild = false;
+    nn::Model* m = model.get();
+    bo.bind = [m](int slot, const Tensor& g) {
+      const auto& p = m->registry().params()[static_cast<size_t>(slot)];
+      *p.grad = g.defined() ? g.view(0, p.shape) : Tensor();
+    };
+    model->release_grads();
+    grads = Tensor::zeros(*pool, {std::max<int64_t>(range.hi - range.lo, 1)}, DType::f32, MemTag::grads);
+    solo = parallel::make_solo_communicator();
+    sync = std::make_unique<parallel::GradientSync>(offsets, grads, *solo, bo);
+  } else if (cfg.parallel.grad_dtype != "fp32") {
     comm = Tensor::empty(*pool, model->grads().shape(), parse_dtype(cfg.parallel.grad_dtype), MemTag::comm);
+  }
   Tensor x = Tensor::zeros(*pool, {b, sample[0], sample[1], sample[2]}, DType::f32, MemTag::other);
   Tensor y = Tensor::zeros(*pool, {b}, DType::i32, MemTag::other);
   auto& be = ops::backend_for(pool->device());
@@ -52,9 +83,15 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
     ctx.act_dtype = dt;
     ctx.bn_frozen = cfg.model.freeze_bn;
     Tensor d;
+    if (sync) {
+      sync->begin(true);
+      ctx.on_grads_needed = [&](int first, int count) { sync->prepare(first, count); };
+      ctx.on_grads_ready = [&](int first, int count) { sync->ready(first, count); };
+    }
     nn::forward_and_loss(ctx, *model, x, y, 1.f / b, d);  // as the replica step does it
     model->backward(ctx, d);
-    opt->step(model->params(), model->grads(), 0.f);
+    if (sync) sync->finish();
+    opt->step(model->params(), grads, 0.f);
   };
   if (gpu) step();
   pool->reset_peaks();

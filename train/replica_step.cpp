@@ -22,14 +22,28 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
     ops::Backend* be = &ops::backend_for(replica.device());
     o_.buckets.cast = [be](const Tensor& a, const Tensor& b) { be->cast(a, b); };
   }
-  const int64_t total = model.grads().numel();
+  const int64_t total = std::max<int64_t>(model.num_params(), 1);  // the flat buffers' size
   const int rank = replica.rank();
   if (o_.shard.sharded() && (o_.shard.world() != replica.world() || o_.shard.total() != total))
     throw Error("ReplicaStep: the shard plan covers " + std::to_string(o_.shard.total()) + " elements over " +
                 std::to_string(o_.shard.world()) + " replicas; the model has " + std::to_string(total) + " over " +
                 std::to_string(replica.world()));
-  if (o_.shard.mode == parallel::ShardMode::gradients) o_.buckets.shard = o_.shard.bounds;
-  sync_ = std::make_unique<parallel::GradientSync>(offsets, model.grads(), replica.comm(), o_.buckets);
+  Tensor reduced = model.grads();
+  if (o_.shard.mode == parallel::ShardMode::gradients) {
+    // ZeRO-2: no whole gradient buffer. Buckets take storage as backward reaches them and give it
+    // back once reduce-scattered; what stays is this replica's shard of the reduced gradient.
+    o_.buckets.shard = o_.shard.bounds;
+    o_.buckets.release = true;
+    o_.buckets.bind = [&model](int slot, const Tensor& g) {
+      const auto& p = model.registry().params()[static_cast<size_t>(slot)];
+      *p.grad = g.defined() ? g.view(0, p.shape) : Tensor();
+    };
+    model.release_grads();
+    shard_grads_ = Tensor::zeros(replica.pool(), {std::max<int64_t>(o_.shard.hi(rank) - o_.shard.lo(rank), 1)},
+                                 DType::f32, MemTag::grads);
+    reduced = shard_grads_;
+  }
+  sync_ = std::make_unique<parallel::GradientSync>(offsets, reduced, replica.comm(), o_.buckets);
   stats_ = Tensor::empty(replica.pool(), {kStatCount}, DType::f32, MemTag::other);
   // The norm's blocks: all of them here, unless the reduced gradients are sharded.
   const std::vector<int64_t> blocks = parallel::norm_blocks(offsets, total);
@@ -47,16 +61,25 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
     first_block_ = static_cast<int64_t>(block_bounds_[rank]);
   }
   norm_segments_ = parallel::norm_segments(blocks, first_block_, hi);
+  if (shard_grads_.defined())  // the shard is indexed from its own start
+    for (auto& seg : norm_segments_) seg.first -= o_.shard.lo(rank);
 }
 
 Tensor ReplicaStep::reduced_grads() const {
   if (o_.shard.mode != parallel::ShardMode::gradients) return model_.grads();
+  return owned_grads();
+}
+
+Tensor ReplicaStep::owned_grads() const {
+  if (!o_.shard.sharded()) return model_.grads();
   const int64_t lo = o_.shard.lo(rep_.rank()), hi = o_.shard.hi(rep_.rank());
-  return hi > lo ? model_.grads().view(lo, {hi - lo}) : Tensor();
+  if (hi <= lo) return Tensor();
+  return shard_grads_.defined() ? shard_grads_.view(0, {hi - lo}) : model_.grads().view(lo, {hi - lo});
 }
 
 void ReplicaStep::zero_grad() {
   model_.zero_grad();
+  sync_->zero();
   ops::backend_for(rep_.device()).fill(stats_, 0.f);
   count_ = 0;
   micro_seen_ = 0;
@@ -81,6 +104,7 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   const int track = 2 * rep_.rank();
   const bool mark = o_.timeline && last && marked_steps_ < kMarkedSteps;
   if (mark) ++marked_steps_;
+  ctx.on_grads_needed = [this](int first, int count) { sync_->prepare(first, count); };
   ctx.on_grads_ready = [this, last, mark, track](int first, int count) {
     // Traced: when each gradient became final (replica plan --trace-profile reads these).
     if (mark)
@@ -156,17 +180,14 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   st.grad_norm = std::sqrt(static_cast<double>(host[kGradSquares]));
   if (o_.clip_grad_norm > 0) {
     // Sharded, the optimizer reads its own range only, so only that range is clipped.
-    Tensor g = model_.grads();
-    if (o_.shard.sharded()) {
-      const int64_t lo = o_.shard.lo(rep_.rank()), hi = o_.shard.hi(rep_.rank());
-      g = hi > lo ? g.view(lo, {hi - lo}) : Tensor();
-    }
+    const Tensor g = owned_grads();
     if (g.defined()) optim::clip_grad_norm(g, o_.clip_grad_norm, st.grad_norm);
   }
   if (o_.fault) o_.fault("optimizer");
   {
     Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
-    opt_.step(model_.params(), model_.grads(), lr);  // queued on the compute stream, no host wait
+    // Queued on the compute stream, no host wait. ZeRO-2 hands over the shard alone.
+    opt_.step(model_.params(), shard_grads_.defined() ? shard_grads_ : model_.grads(), lr);
     gather_parameters();
     model_.refresh_compute_copy();
   }
@@ -211,7 +232,9 @@ void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* hos
   // The squared norm over the fixed blocks, added in block order: the same bits for any replica
   // count and with or without sharding (a sharded replica computes its blocks and gathers the rest).
   const int64_t nmine = static_cast<int64_t>(norm_segments_.size());
-  if (nmine > 0) be.segment_sum_squares_into(model_.grads(), norm_segments_, partials_.view(first_block_, {nmine}));
+  if (nmine > 0)
+    be.segment_sum_squares_into(shard_grads_.defined() ? shard_grads_ : model_.grads(), norm_segments_,
+                                partials_.view(first_block_, {nmine}));
   if (!block_bounds_.empty() && rep_.world() > 1) {
     partials = rep_.comm().all_gather_v_async(partials_.raw(), static_cast<size_t>(partials_.numel()), DType::f32,
                                               block_bounds_);

@@ -125,6 +125,11 @@ class ReplicaStep {
   void gather_parameters();
   // The reduced gradients this replica reads: its shard in `gradients` mode, all of them otherwise.
   Tensor reduced_grads() const;
+  // The part of them its optimizer updates: its shard when sharded (undefined when empty).
+  Tensor owned_grads() const;
+  // ZeRO-2: this replica's shard of the reduced gradient, the only gradient memory kept between
+  // steps (the model's flat buffer is released; undefined in the other modes).
+  Tensor shard_grads_;
   // The gradient norm's fixed blocks (parallel::norm_blocks): this replica's to compute, their
   // first index, and the block bounds of every shard (gradients mode: the partials are gathered).
   std::vector<std::pair<int64_t, int64_t>> norm_segments_;

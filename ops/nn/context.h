@@ -64,6 +64,13 @@ class Context {
   void grads_ready(int first, int count) {
     if (on_grads_ready && count > 0) on_grads_ready(first, count);
   }
+  // Called by a layer before it writes (or adds to) the gradients of slots [first, first + count):
+  // ZeRO-2 binds their storage only as backward reaches them (parallel::GradientSync::prepare).
+  std::function<void(int first, int count)> on_grads_needed;
+
+  void grads_needed(int first, int count) {
+    if (on_grads_needed && count > 0) on_grads_needed(first, count);
+  }
 
  private:
   MemoryPool& pool_;

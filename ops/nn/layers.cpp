@@ -59,6 +59,7 @@ Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
   Tensor x = ctx.saved(this).at(0);
   ctx.release(this);
   auto g = ops::ConvGeom::make(x.shape(), out_, k_, k_, stride_, pad_, name_);
+  ctx.grads_needed(slot_, 1);
   ctx.backend().conv2d_backward_filter(x, dy, weight_grad, g, ctx.pool());
   ctx.grads_ready(slot_, 1);
   if (!input_grad_) return {};
@@ -127,6 +128,7 @@ Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
   auto s = ctx.saved(this);
   ctx.release(this);
   Tensor dx = ctx.alloc(s[0].shape());
+  ctx.grads_needed(slot_, 2);
   if (ctx.bn_frozen)
     ctx.backend().batchnorm_backward_frozen(dy, s[0], gamma, s[1], s[2], dx, gamma_grad, beta_grad, s[3]);
   else
@@ -243,6 +245,7 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   Tensor x = ctx.saved(this).at(0);
   ctx.release(this);
   Tensor dx = ctx.alloc(x.shape());
+  ctx.grads_needed(slot_, 2);
   ctx.backend().linear_backward(x, weight, dy, dx, weight_grad, bias_grad);
   ctx.grads_ready(slot_, 2);
   return dx;

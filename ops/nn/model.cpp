@@ -107,7 +107,14 @@ Tensor Model::forward(Context& ctx, const Tensor& x) {
 
 void Model::backward(Context& ctx, const Tensor& dlogits) { root_->backward(ctx, dlogits); }
 
-void Model::zero_grad() { ops::backend_for(grads_.device()).fill(grads_, 0.f); }
+void Model::zero_grad() {
+  if (grads_.defined()) ops::backend_for(grads_.device()).fill(grads_, 0.f);
+}
+
+void Model::release_grads() {
+  for (auto& p : reg_.params()) *p.grad = Tensor();
+  grads_ = Tensor();
+}
 
 std::string Model::summary() const {
   std::ostringstream os;

@@ -27,6 +27,10 @@ class Model {
   Tensor forward(Context& ctx, const Tensor& x);
   void backward(Context& ctx, const Tensor& dlogits);
   void zero_grad();
+  // ZeRO-2 (parallel.shard: gradients): the flat gradient buffer goes and every slot's gradient is
+  // unbound; the training step binds each to its bucket's storage while backward needs it
+  // (parallel::GradientSync's release mode). grads() is undefined after it; zero_grad() a no-op.
+  void release_grads();
 
   Tensor& params() { return params_; }  // the f32 master copy
   Tensor& grads() { return grads_; }

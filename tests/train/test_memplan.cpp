@@ -40,7 +40,7 @@ TEST(MemPlan, PredictsTheMeasuredPeakWithinFivePercent) {
 TEST(MemPlan, ShardedOptimizerStateIsPredictedAndMeasured) {
   // 2 replicas with AdamW: the optimizer state is the largest shard's (about half), the prediction
   // of the whole peak and of the optimizer tag hold against the pool's measured peaks.
-  double unsharded_state = 0;
+  double unsharded_state = 0, unsharded_grads = 0;
   for (std::string mode : {"none", "optimizer", "gradients"}) {
     auto s = sets("fp32", "32", "optim.name=adamw");
     s.push_back("parallel.devices=cpu:2");
@@ -49,12 +49,22 @@ TEST(MemPlan, ShardedOptimizerStateIsPredictedAndMeasured) {
     MemPlan plan = plan_memory(cfg);
     Trainer t(cfg, {.print = false, .on_step = nullptr});
     t.fit();
-    double measured = 0, state = 0;
+    double measured = 0, state = 0, grads_peak = 0, grads_kept = 0;
+    const int g = static_cast<int>(MemTag::grads);
     for (int r = 0; r < 2; ++r) {
       const auto st = t.group().replica(r).pool().stats();
       measured = std::max(measured, static_cast<double>(st.peak_in_use));
       state = std::max(state, static_cast<double>(st.tags[static_cast<int>(MemTag::optimizer)].peak_in_use));
+      grads_peak = std::max(grads_peak, static_cast<double>(st.tags[g].peak_in_use));
+      grads_kept = std::max(grads_kept, static_cast<double>(st.tags[g].in_use));
     }
+    std::printf("parallel.shard %s: gradients predicted %.3f MiB, measured peak %.3f MiB, kept between steps %.3f MiB\n",
+                mode.c_str(), plan.tag_bytes[g] / 1048576.0, grads_peak / 1048576.0, grads_kept / 1048576.0);
+    EXPECT_NEAR(plan.tag_bytes[g], grads_peak, 0.05 * grads_peak) << mode;
+    if (mode == "none") unsharded_grads = grads_kept;
+    // ZeRO-2 gives the whole gradient buffer up: between steps only the shard (about half) stays.
+    if (mode == "gradients") EXPECT_LT(grads_kept, 0.55 * unsharded_grads);
+    else EXPECT_EQ(grads_kept, unsharded_grads) << mode;
     const double predicted_state = plan.tag_bytes[static_cast<int>(MemTag::optimizer)];
     std::printf("parallel.shard %s, 2 replicas, AdamW: peak predicted %.2f MiB, measured %.2f MiB (%+.2f%%); "
                 "optimizer state predicted %.3f MiB, measured %.3f MiB\n",
