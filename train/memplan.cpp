@@ -46,6 +46,7 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
       range = {shard.lo(r), shard.hi(r)};
       largest = r;
     }
+  if (shard.sharded() && dt != DType::f32) model->shard_masters(range.lo, range.hi);  // as Trainer does
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg.optim, *model, *pool, range);
   // ZeRO-2 as ReplicaStep runs it: no whole gradient buffer, buckets bound as backward reaches
   // them, the largest shard kept. Measured alone, a bucket goes at the end of backward (a run

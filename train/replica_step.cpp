@@ -24,6 +24,10 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
   }
   const int64_t total = std::max<int64_t>(model.num_params(), 1);  // the flat buffers' size
   const int rank = replica.rank();
+  if (model.masters_sharded() && (!o_.shard.sharded() || model.masters_lo() != o_.shard.lo(replica.rank()) ||
+                                  model.masters_hi() != o_.shard.hi(replica.rank())))
+    throw Error("ReplicaStep: the model's fp32 masters are sharded to [" + std::to_string(model.masters_lo()) + ", " +
+                std::to_string(model.masters_hi()) + "), not to this replica's shard");
   if (o_.shard.sharded() && (o_.shard.world() != replica.world() || o_.shard.total() != total))
     throw Error("ReplicaStep: the shard plan covers " + std::to_string(o_.shard.total()) + " elements over " +
                 std::to_string(o_.shard.world()) + " replicas; the model has " + std::to_string(total) + " over " +
@@ -188,8 +192,13 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
     Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
     // Queued on the compute stream, no host wait. ZeRO-2 hands over the shard alone.
     opt_.step(model_.params(), shard_grads_.defined() ? shard_grads_ : model_.grads(), lr);
-    gather_parameters();
-    model_.refresh_compute_copy();
+    if (model_.masters_sharded()) {  // the shard's 16-bit copy, then everyone's (half the bytes)
+      model_.refresh_compute_copy();
+      gather_parameters();
+    } else {
+      gather_parameters();
+      model_.refresh_compute_copy();
+    }
   }
   check_leaks();
   if (o_.timeline) trace_pool_peaks();
@@ -248,12 +257,13 @@ void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* hos
   });
 }
 
-// Sharded: each replica updated its own range; every replica gets all of them (in place).
+// Sharded: each replica updated its own range; every replica gets all of them (in place): the f32
+// parameters, or with sharded masters the 16-bit copy the layers read.
 void ReplicaStep::gather_parameters() {
   if (!o_.shard.sharded() || rep_.world() == 1) return;
-  Tensor& p = model_.params();
+  Tensor& p = model_.masters_sharded() ? model_.compute_copy() : model_.params();
   std::vector<size_t> bounds(o_.shard.bounds.begin(), o_.shard.bounds.end());
-  rep_.comm().all_gather_v_async(p.raw(), static_cast<size_t>(p.numel()), DType::f32, bounds)->order_before(rep_.stream());
+  rep_.comm().all_gather_v_async(p.raw(), static_cast<size_t>(p.numel()), p.dtype(), bounds)->order_before(rep_.stream());
 }
 
 void ReplicaStep::trace_pool_peaks() {

@@ -225,6 +225,9 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   const parallel::ShardPlan shard = make_shard_plan(cfg_, *st.model, rep.world());
   optim::ShardRange range;
   if (shard.sharded()) range = {shard.lo(rep.rank()), shard.hi(rep.rank())};
+  // Beside a 16-bit compute copy the f32 masters are sharded too (they are what the optimizer
+  // updates); in f32 the layers read them, so they stay whole.
+  if (shard.sharded() && compute != DType::f32) st.model->shard_masters(range.lo, range.hi);
   st.opt = make_optimizer(cfg_.optim, *st.model, rep.pool(), range);
   st.scaler = make_loss_scaler(cfg_.train);
   StepOptions so;
@@ -421,7 +424,8 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
       ++step;
       remember_step(rep, step);
       if (cfg_.parallel.check_every && step % cfg_.parallel.check_every == 0)
-        parallel::check_replicas_agree(rep.comm(), st.model->params(), step);
+        parallel::check_replicas_agree(rep.comm(), st.model->masters_sharded() ? st.model->compute_copy() : st.model->params(),
+                                       step);
       // Where the data resumes after this step: the next step of this epoch, or the next epoch.
       if (checkpoints.after_step(step, stop))
         save_checkpoint(rep, loop, checkpoints, step, s + 1 == spe ? epoch + 1 : epoch, s + 1 == spe ? 0 : s + 1);
@@ -468,8 +472,10 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
     if (!loop.result.history.empty()) loop.result.last_loss = loop.result.history.back().loss;
   }
   const auto t_save = Clock::now();
+  std::vector<float> masters = gather_masters(rep);
+  const Tensor params = Tensor::wrap(masters.data(), {static_cast<int64_t>(masters.size())}, DType::f32, Device{});
   with_averaged_statistics(rep, *st.model, [&] {
-    if (lead) save_model(*st.model, st.model->params(), st.model->buffers(), cfg_.train.run_dir + "/model.bin");
+    if (lead) save_model(*st.model, params, st.model->buffers(), cfg_.train.run_dir + "/model.bin");
   });
   if (lead) loop.checkpoint_seconds += std::chrono::duration<double>(Clock::now() - t_save).count();
 }

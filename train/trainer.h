@@ -67,6 +67,7 @@ class Trainer {
 
   parallel::ReplicaGroup& group() { return *group_; }
   nn::Model& model(int local_index) { return *states_[local_index].model; }
+  const ReplicaStep& replica_step(int local_index) const { return *states_[local_index].step; }
   int replicas() const { return group_->world(); }  // over all processes
   int accumulation() const { return accumulation_; }
   int64_t micro_batch() const { return micro_; }
@@ -130,11 +131,15 @@ class Trainer {
   // The optimizer's state tensors whole, concatenated (rank 0 gets the bytes; every replica must
   // call it): sharded state is gathered, so the checkpoint is the same as an unsharded run's.
   std::string gather_optimizer_state(parallel::Replica& rep);
-  // A checkpoint of `st`'s parameters, optimizer step count and scaler, with every replica's
-  // batch-norm statistics (`buffers`, one per replica: the checkpoint's world) and the whole
-  // optimizer state `opt_state`, at the given data position.
-  Checkpoint compose_checkpoint(const State& st, const std::vector<std::string>& buffers, const std::string& opt_state,
-                                int64_t global_step, int64_t epoch, int64_t step_in_epoch) const;
+  // The f32 master parameters whole (every replica must call it; every replica gets them): a
+  // copy of params(), or gathered from the shards when the masters are sharded.
+  std::vector<float> gather_masters(parallel::Replica& rep);
+  // A checkpoint of the master parameters `params` (f32 bytes, whole), `st`'s optimizer step count
+  // and scaler, with every replica's batch-norm statistics (`buffers`, one per replica: the
+  // checkpoint's world) and the whole optimizer state `opt_state`, at the given data position.
+  Checkpoint compose_checkpoint(const State& st, const std::string& params, const std::vector<std::string>& buffers,
+                                const std::string& opt_state, int64_t global_step, int64_t epoch,
+                                int64_t step_in_epoch) const;
   // Loads the newest valid checkpoint (falling back with a warning past damaged ones), or
   // `in_memory` (named opts_.resume in messages: a shrink's checkpoint, being written meanwhile).
   void load_resume_point(const Checkpoint* in_memory = nullptr);

@@ -41,6 +41,7 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
   // The optimizer state whole, as an unsharded run writes it (gathered from the shards), so any
   // replica count, sharded or not, resumes from it.
   const std::string opt_state = gather_optimizer_state(rep);
+  const std::vector<float> masters = gather_masters(rep);
   std::string path;
   fault_point(rep, "checkpoint");  // REPLICA_FAULT=...:checkpoint: after the gathers, before the file
   if (rep.rank() == 0) {
@@ -49,16 +50,17 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
     for (int r = 0; r < replicas(); ++r)
       buffers.emplace_back(reinterpret_cast<const char*>(all_buffers.data() + r * nb), nb * sizeof(float));
     path = checkpoint_path(policy.dir(), global_step);
-    write_checkpoint(compose_checkpoint(states_[0], buffers, opt_state, global_step, epoch, step_in_epoch), path);
+    const std::string params(reinterpret_cast<const char*>(masters.data()), masters.size() * sizeof(float));
+    write_checkpoint(compose_checkpoint(states_[0], params, buffers, opt_state, global_step, epoch, step_in_epoch), path);
     rotate_checkpoints(policy.dir(), policy.keep_last());
   }
   rep.comm().barrier();
   return path;
 }
 
-Checkpoint Trainer::compose_checkpoint(const State& st, const std::vector<std::string>& buffers,
-                                       const std::string& opt_state, int64_t global_step, int64_t epoch,
-                                       int64_t step_in_epoch) const {
+Checkpoint Trainer::compose_checkpoint(const State& st, const std::string& params,
+                                       const std::vector<std::string>& buffers, const std::string& opt_state,
+                                       int64_t global_step, int64_t epoch, int64_t step_in_epoch) const {
   Checkpoint c;
   c.sections["config"] = cfg_.resolved;
   c.set_meta({{"global_step", std::to_string(global_step)},
@@ -73,7 +75,7 @@ Checkpoint Trainer::compose_checkpoint(const State& st, const std::vector<std::s
               {"optimizer", st.opt->name()},
               {"optimizer_steps", std::to_string(st.opt->steps())},
               {"seed", std::to_string(cfg_.train.seed)}});
-  c.sections["params"] = tensor_to_bytes(st.model->params());
+  c.sections["params"] = params;
   for (size_t r = 0; r < buffers.size(); ++r) c.sections["buffers." + std::to_string(r)] = buffers[r];
   c.sections["optimizer"] = opt_state;
   if (st.scaler) {
@@ -106,6 +108,22 @@ std::string Trainer::gather_optimizer_state(parallel::Replica& rep) {
   return out;
 }
 
+std::vector<float> Trainer::gather_masters(parallel::Replica& rep) {
+  nn::Model& model = *states_[rep.local_index()].model;
+  const Tensor& p = model.params();
+  std::vector<float> full(static_cast<size_t>(std::max<int64_t>(model.num_params(), 1)), 0.f);
+  const int64_t lo = model.masters_lo(), hi = model.masters_hi();
+  if (hi > lo) {
+    const std::string mine = tensor_to_bytes(p.view(0, {hi - lo}));
+    std::memcpy(full.data() + lo, mine.data(), mine.size());
+  }
+  if (!model.masters_sharded() || rep.world() == 1) return full;
+  const parallel::ShardPlan& plan = states_[rep.local_index()].step->shard_plan();
+  parallel::all_gather_v_host(rep.comm(), &rep.pool(), full.data(), full.size(),
+                              std::vector<size_t>(plan.bounds.begin(), plan.bounds.end()));
+  return full;
+}
+
 namespace {
 // What a resume needs from a checkpoint, checked whole before anything is applied: a checkpoint
 // that fails any check is skipped (with the reason), never half-loaded.
@@ -136,7 +154,8 @@ ResumePoint check_resume_point(const Checkpoint& ck, const std::string& file, nn
     if (m.rfind("checkpoint: ", 0) == 0) m = m.substr(12);
     throw IoError(in(m));
   }
-  const size_t pbytes = model.params().nbytes(), bbytes = model.buffers().nbytes();
+  const size_t pbytes = static_cast<size_t>(std::max<int64_t>(model.num_params(), 1)) * sizeof(float);
+  const size_t bbytes = model.buffers().nbytes();
   if (ck.sections.at("params").size() != pbytes)
     throw IoError(in("section 'params' holds " + std::to_string(ck.sections.at("params").size()) +
                      " bytes, the model needs " + std::to_string(pbytes) + " (another model or width?)"));
@@ -211,7 +230,11 @@ void Trainer::load_resume_point(const Checkpoint* in_memory) {
   const int old_world = at.world;
   group_->run([&](parallel::Replica& rep) {
     auto& st = states_[rep.local_index()];
-    tensor_from_bytes(st.model->params(), ckp->sections.at("params").data(), st.model->params().nbytes());
+    // The masters whole, or this replica's shard of them (and the 16-bit copy whole).
+    const std::string& params = ckp->sections.at("params");
+    std::vector<float> whole(params.size() / sizeof(float));
+    std::memcpy(whole.data(), params.data(), whole.size() * sizeof(float));
+    st.model->load_masters(whole.data());
     Tensor& b = st.model->buffers();
     if (old_world == replicas()) {
       const std::string& mine = ckp->sections.at("buffers." + std::to_string(rep.rank()));

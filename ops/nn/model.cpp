@@ -93,7 +93,37 @@ void Model::materialize(MemoryPool& pool, uint64_t seed, DType compute) {
 }
 
 void Model::refresh_compute_copy() {
-  if (compute_.defined()) ops::backend_for(params_.device()).cast(params_, compute_);
+  if (!compute_.defined()) return;
+  auto& be = ops::backend_for(params_.device());
+  if (!masters_sharded()) return be.cast(params_, compute_);
+  const int64_t n = masters_hi_ - masters_lo_;
+  if (n > 0) be.cast(params_.view(0, {n}), compute_.view(masters_lo_, {n}));
+}
+
+void Model::load_masters(const float* whole) {
+  if (!masters_sharded()) {
+    tensor_from_bytes(params_, whole, params_.nbytes());
+    return refresh_compute_copy();
+  }
+  const int64_t n = masters_hi_ - masters_lo_;
+  if (n > 0) tensor_from_bytes(params_.view(0, {n}), whole + masters_lo_, static_cast<size_t>(n) * sizeof(float));
+  std::vector<char> rounded(compute_.nbytes());
+  convert(whole, DType::f32, rounded.data(), compute_.dtype(), static_cast<size_t>(compute_.numel()));
+  tensor_from_bytes(compute_, rounded.data(), rounded.size());
+}
+
+void Model::shard_masters(int64_t lo, int64_t hi) {
+  if (!compute_.defined())
+    throw ConfigError(name_ + ": fp32 master weights are sharded only beside a 16-bit compute copy (train.precision "
+                      "fp16 or bf16); in fp32 the layers read the masters themselves");
+  if (masters_sharded() || lo < 0 || lo > hi || hi > params_.numel())
+    throw Error(name_ + ": cannot shard the masters to [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of " +
+                std::to_string(params_.numel()) + (masters_sharded() ? " (sharded already)" : ""));
+  Tensor mine = Tensor::empty(*params_.pool(), {std::max<int64_t>(hi - lo, 1)}, DType::f32, MemTag::params);
+  if (hi > lo) copy_tensor(params_.view(lo, {hi - lo}), mine.view(0, {hi - lo}));
+  params_ = mine;  // the whole master goes back to the pool
+  masters_lo_ = lo;
+  masters_hi_ = hi;
 }
 
 Tensor Model::forward(Context& ctx, const Tensor& x) {

@@ -31,8 +31,21 @@ class Model {
   // unbound; the training step binds each to its bucket's storage while backward needs it
   // (parallel::GradientSync's release mode). grads() is undefined after it; zero_grad() a no-op.
   void release_grads();
+  // Sharded fp32 masters (parallel.shard with a 16-bit compute dtype): params() keeps only the
+  // master's elements [lo, hi), indexed from lo; the layers read the 16-bit copy, which stays whole
+  // (refresh_compute_copy() re-rounds the shard's range only; the training step all-gathers the
+  // rest). A ConfigError in f32, where the master is what the layers read.
+  void shard_masters(int64_t lo, int64_t hi);
+  bool masters_sharded() const { return masters_hi_ >= 0; }
+  int64_t masters_lo() const { return masters_sharded() ? masters_lo_ : 0; }
+  int64_t masters_hi() const { return masters_sharded() ? masters_hi_ : params_.numel(); }
+  Tensor& compute_copy() { return compute_; }  // the 16-bit parameters (undefined in f32)
+  // Sets the masters from `whole` (host f32, every element of the flat buffer): all of them, or the
+  // shard's range when sharded, and the compute copy whole (sharded, rounded on the host, as the
+  // device's cast rounds: to nearest even).
+  void load_masters(const float* whole);
 
-  Tensor& params() { return params_; }  // the f32 master copy
+  Tensor& params() { return params_; }  // the f32 master copy (its shard when masters_sharded())
   Tensor& grads() { return grads_; }
   Tensor& buffers() { return buffers_; }
   const ParamRegistry& registry() const { return reg_; }
@@ -54,6 +67,7 @@ class Model {
   ParamRegistry reg_;
   int64_t num_params_ = 0, num_buffers_ = 0;
   Tensor params_, grads_, buffers_, compute_;
+  int64_t masters_lo_ = 0, masters_hi_ = -1;  // the master's range when sharded
 };
 
 }  // namespace replica::nn

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -28,6 +29,8 @@
 #include "optim/optimizer.h"
 #include "support/compare.h"
 #include "support/host_sync_probe.h"
+#include "support/scratch.h"
+#include "train/model_io.h"
 #include "train/trainer.h"
 
 using namespace replica;
@@ -510,7 +513,11 @@ TrainingRun train_run(const std::string& devices, const std::string& precision,
                            run.losses.push_back(static_cast<float>(s.loss));
                          }});
   t.fit();
-  run.params = host_floats(t.model(0).params());
+  // The masters whole from the model file (sharded beside a 16-bit copy, params() is a shard).
+  const std::string bytes = replica::testing::file_bytes(cfg.train.run_dir + "/model.bin");
+  const train::ModelFile mf = train::parse_model_file(bytes, "model.bin");
+  run.params.resize(mf.params.size() / sizeof(float));
+  std::memcpy(run.params.data(), mf.params.data(), mf.params.size());
   return run;
 }
 

@@ -15,6 +15,7 @@
 #include "support/scratch.h"
 #include "support/compare.h"
 #include "train/checkpoint.h"
+#include "train/model_io.h"
 #include "train/trainer.h"
 
 using namespace replica;
@@ -55,8 +56,10 @@ Outcome run(const std::vector<std::string>& sets, const std::string& resume = ""
   r.model_bin = replica::testing::file_bytes(t.config().train.run_dir + "/model.bin");
   r.checkpoint = read_checkpoint(r.fit.last_checkpoint).sections;
   r.checkpoint.erase("config");
-  const Tensor& p = t.model(0).params();
-  r.params.assign(p.data<float>(), p.data<float>() + p.numel());
+  // The masters whole from the model file: sharded beside a 16-bit copy, params() is a shard.
+  const ModelFile mf = parse_model_file(r.model_bin, "model.bin");
+  r.params.resize(mf.params.size() / sizeof(float));
+  std::memcpy(r.params.data(), mf.params.data(), mf.params.size());
   return r;
 }
 
@@ -118,18 +121,24 @@ TEST(Sharding, EveryModeIsBitIdenticalToUnshardedForEveryOptimizerWireAndReplica
 }
 
 TEST(Sharding, ResumeAcrossShardingIsBitIdenticalAndAcrossReplicaCountsContinues) {
-  // Sharded for 8 steps, then unsharded (and the other way) to 16: the straight run's bits.
-  const std::vector<std::string> adamw = {"optim.name=adamw", "optim.lr=0.01"};
-  const Outcome straight = run(sets_for(dir_for("resume_straight"), 2, 16, "none", adamw));
-  for (auto [first, second] : {std::pair{"gradients", "none"}, std::pair{"none", "optimizer"},
-                               std::pair{"optimizer", "gradients"}}) {
-    const std::string d = dir_for(std::string("resume_") + first + "_" + second);
-    run(sets_for(d, 2, 8, first, adamw));
-    const Outcome resumed = run(sets_for(d, 2, 16, second, adamw), d);
-    ASSERT_EQ(resumed.fit.history.size(), 8u) << first << " -> " << second << ": resumed at step 8";
-    EXPECT_TRUE(resumed.model_bin == straight.model_bin) << first << " -> " << second << ": model.bin differs";
-    EXPECT_TRUE(resumed.checkpoint.at("optimizer") == straight.checkpoint.at("optimizer"))
-        << first << " -> " << second << ": the optimizer state differs";
+  // Sharded for 8 steps, then unsharded (and the other way) to 16: the straight run's bits. In bf16
+  // the fp32 masters are sharded too: gathered into the checkpoint, a shard taken back at resume.
+  for (std::string precision : {"fp32", "bf16"}) {
+    const std::vector<std::string> adamw = {"optim.name=adamw", "optim.lr=0.01", "train.precision=" + precision};
+    const Outcome straight = run(sets_for(dir_for("resume_straight_" + precision), 2, 16, "none", adamw));
+    for (auto [first, second] : {std::pair{"gradients", "none"}, std::pair{"none", "optimizer"},
+                                 std::pair{"optimizer", "gradients"}}) {
+      const std::string what = precision + " " + first + " -> " + second;
+      const std::string d = dir_for("resume_" + precision + "_" + first + "_" + second);
+      run(sets_for(d, 2, 8, first, adamw));
+      const Outcome resumed = run(sets_for(d, 2, 16, second, adamw), d);
+      ASSERT_EQ(resumed.fit.history.size(), 8u) << what << ": resumed at step 8";
+      EXPECT_TRUE(resumed.model_bin == straight.model_bin) << what << ": model.bin differs";
+      EXPECT_TRUE(resumed.checkpoint.at("optimizer") == straight.checkpoint.at("optimizer"))
+          << what << ": the optimizer state differs";
+      EXPECT_TRUE(resumed.checkpoint.at("params") == straight.checkpoint.at("params"))
+          << what << ": the master parameters differ";
+    }
   }
   // 2 sharded replicas, then 3 (shards of other sizes): the optimizer state is re-cut, and with
   // synchronised batch norm over the whole batch (no accumulation) the run follows the straight one
@@ -150,6 +159,34 @@ TEST(Sharding, ResumeAcrossShardingIsBitIdenticalAndAcrossReplicaCountsContinues
                                                                       sync)).params),
             1e-3)
       << "the resumed run is not just a fresh 8-step run";
+}
+
+TEST(Sharding, MastersAreShardedBesideA16BitCopyAndWholeInFp32) {
+  // 3 replicas (uneven shards): in bf16 each keeps the f32 masters of its shard only, the 16-bit
+  // copy whole; in fp32 the layers read the masters, so they stay whole.
+  for (std::string precision : {"bf16", "fp32"})
+    for (std::string mode : {"optimizer", "gradients"}) {
+      const std::string d = dir_for("masters_" + precision + "_" + mode);
+      Trainer t(parse_config("", "test", sets_for(d, 3, 2, mode, {"train.precision=" + precision})), {.print = false});
+      t.fit();
+      int64_t kept = 0;
+      for (int r = 0; r < 3; ++r) {
+        nn::Model& m = t.model(r);
+        const auto& plan = t.replica_step(r).shard_plan();
+        const std::string what = precision + " " + mode + " replica " + std::to_string(r);
+        EXPECT_EQ(m.masters_sharded(), precision == "bf16") << what;
+        const int64_t expect = precision == "bf16" ? plan.hi(r) - plan.lo(r) : m.num_params();
+        EXPECT_EQ(m.params().numel(), expect) << what;
+        if (precision == "bf16") {
+          EXPECT_EQ(m.masters_lo(), plan.lo(r)) << what;
+          EXPECT_EQ(m.compute_copy().numel(), m.num_params()) << what << ": the 16-bit copy stays whole";
+        }
+        kept += m.params().numel();
+      }
+      if (precision == "bf16") {
+        EXPECT_EQ(kept, t.model(0).num_params()) << "the shards cover the masters once";
+      }
+    }
 }
 
 TEST(Sharding, AnUnknownModeIsANamedConfigurationError) {
