@@ -128,6 +128,7 @@ MemPlan plan_memory(const RunConfig& cfg, int64_t micro) {
   p.micro_batch = micro;
   p.replicas = R;
   p.shard = cfg.parallel.shard;
+  p.masters_sharded = cfg.parallel.shard != "none" && parse_dtype(cfg.train.precision) != DType::f32;
   for (int t = 0; t < kNumTags; ++t) p.tag_bytes[t] = at(m1.tags[t], m2.tags[t], static_cast<double>(micro));
   // Inputs in the replica's pool: the current and prefetched batches on a CPU; on a GPU the
   // loader's batches wait in pinned host memory and the device holds the stager's two slots.
@@ -172,8 +173,13 @@ std::string MemPlan::report() const {
   };
   os << "per replica (" << replicas << " replica" << (replicas > 1 ? "s" : "") << "), micro-batch " << micro_batch;
   if (shard != "none")
-    os << ", parallel.shard " << shard << " (optimizer state: the largest of " << replicas << " shards"
-       << (shard == "gradients" ? "; the gradient buffer stays whole: backward accumulates into it" : "") << ")";
+    os << ", parallel.shard " << shard << " (optimizer state"
+       << (masters_sharded ? " and fp32 masters beside the 16-bit copy" : "") << ": the largest of " << replicas
+       << " shards"
+       << (shard == "gradients" ? "; gradients: that shard kept, each bucket held from backward reaching it to the end "
+                                  "of backward (a run gives one back as soon as it is reduce-scattered)"
+                                : "")
+       << ")";
   os << ":\n";
   for (int t = 0; t < kNumTags; ++t) {
     if (static_cast<MemTag>(t) == MemTag::other || static_cast<MemTag>(t) == MemTag::data) continue;

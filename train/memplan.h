@@ -19,6 +19,7 @@ struct MemPlan {
   int64_t micro_batch = 0;
   int replicas = 1;
   std::string shard = "none";                // parallel.shard the plan was measured with
+  bool masters_sharded = false;              // fp32 masters sharded too (a 16-bit precision)
   std::array<double, kNumTags> tag_bytes{};  // peak of each tag during the step, per replica
   double inputs_bytes = 0;                   // prefetched and current input batches
   double peak_bytes = 0;                     // peak in use, per replica

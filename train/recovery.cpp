@@ -170,8 +170,8 @@ Checkpoint Trainer::last_step_checkpoint(const std::vector<int>& survivors, int6
   for (Tensor* t : keep.opt->state()) opt_state += tensor_to_bytes(*t);
   const int64_t spe = sharding_->steps_per_epoch();
   // A shrinking run is never sharded (Trainer's constructor refuses it): keep's state is whole.
-  return compose_checkpoint(keep, tensor_to_bytes(keep.model->params()), buffers, opt_state, step, step / spe,
-                            step % spe);
+  const std::string params = tensor_to_bytes(keep.model->params());
+  return compose_checkpoint(keep, params, buffers, opt_state, step, step / spe, step % spe);
 }
 
 namespace {

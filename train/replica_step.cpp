@@ -101,7 +101,7 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   sync_->begin(last);
   if (sync_->rebuilds() != rebuilt_before && rep_.rank() == 0) {
     int packed = 0;
-    for (const auto& b : sync_->buckets()) packed += b.packed.defined();
+    for (const auto& b : sync_->buckets()) packed += b.ranges.size() > 1;
     log_info("gradient buckets re-cut from the observed readiness order: ", sync_->buckets().size(), " buckets, ",
              packed, " of them gathered from non-adjacent slots");
   }

@@ -46,8 +46,11 @@ std::string RunReport::text() const {
   std::snprintf(b, sizeof b, "\n  training state (replica 0): parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB",
                 params_mib, grads_mib, optimizer_mib);
   o << b;
-  if (shard == "gradients") {
-    std::snprintf(b, sizeof b, " (gradients: at most; %.1f MiB kept between steps, its shard)", grads_kept_mib);
+  // Sharded, what a step keeps is less than the peaks (a summary from before these fields has 0).
+  if (shard != "none" && (params_kept_mib > 0 || grads_kept_mib > 0) &&
+      (params_kept_mib < 0.99 * params_mib || grads_kept_mib < 0.99 * grads_mib)) {
+    std::snprintf(b, sizeof b, " at peak; kept between steps: parameters %.1f MiB, gradients %.1f MiB", params_kept_mib,
+                  grads_kept_mib);
     o << b;
   }
   if (shard != "none") o << " (parallel.shard " << shard << ": its 1/" << replicas << " of the optimizer state)";
@@ -90,6 +93,7 @@ std::string RunReport::json() const {
                     {"params_mib", json_number(params_mib)},
                     {"grads_mib", json_number(grads_mib)},
                     {"optimizer_mib", json_number(optimizer_mib)},
+                    {"params_kept_mib", json_number(params_kept_mib)},
                     {"grads_kept_mib", json_number(grads_kept_mib)},
                     {"events", all_events}});
 }
@@ -119,7 +123,10 @@ RunReport RunReport::from_json(const std::string& line) {
     r.grads_mib = o.number("grads_mib");
     r.optimizer_mib = o.number("optimizer_mib");
   }
-  if (o.numbers_.count("grads_kept_mib")) r.grads_kept_mib = o.number("grads_kept_mib");  // since ZeRO-2's release
+  if (o.numbers_.count("grads_kept_mib")) {  // since ZeRO-2's release and the sharded masters
+    r.params_kept_mib = o.number("params_kept_mib");
+    r.grads_kept_mib = o.number("grads_kept_mib");
+  }
   if (o.texts_.count("events") && !o.text("events").empty()) {
     std::stringstream ss(o.text("events"));
     for (std::string e; std::getline(ss, e);) r.events.push_back(e);

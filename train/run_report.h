@@ -24,9 +24,11 @@ struct RunReport {
   // parallel.shard mode that sized the optimizer's share.
   std::string shard = "none";
   double params_mib = 0, grads_mib = 0, optimizer_mib = 0;
-  // Gradient memory held between steps (in use at the end): the whole buffer, or under
-  // parallel.shard gradients (ZeRO-2) the shard alone; grads_mib is the peak within a step.
-  double grads_kept_mib = 0;
+  // What is held between steps (in use at the end): the gradients' whole buffer, or under
+  // parallel.shard gradients (ZeRO-2) the shard alone; the parameters, with sharded fp32 masters
+  // the shard's masters and the 16-bit copy (the *_mib peaks include start-up's whole master and,
+  // for gradients, the buckets in flight within a step).
+  double params_kept_mib = 0, grads_kept_mib = 0;
   std::vector<std::string> events;  // replicas lost and how the run went on (train/recovery.h)
 
   double device_hours() const { return wall_s * replicas / 3600.0; }

@@ -399,6 +399,7 @@ RunReport Trainer::run_report(const FitLoop& loop) const {
   r.params_mib = mib(MemTag::params);
   r.grads_mib = mib(MemTag::grads);
   r.optimizer_mib = mib(MemTag::optimizer);
+  r.params_kept_mib = tags[static_cast<int>(MemTag::params)].in_use / 1048576.0;
   r.grads_kept_mib = tags[static_cast<int>(MemTag::grads)].in_use / 1048576.0;
   r.events = events_;
   return r;

@@ -2,6 +2,7 @@
 // whole, so any replica count and sharding resumes from it), and resuming from the newest valid
 // one, checked whole before anything is applied.
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -79,8 +80,19 @@ Checkpoint Trainer::compose_checkpoint(const State& st, const std::string& param
   for (size_t r = 0; r < buffers.size(); ++r) c.sections["buffers." + std::to_string(r)] = buffers[r];
   c.sections["optimizer"] = opt_state;
   if (st.scaler) {
-    auto ss = st.scaler->state();
-    c.sections["scaler"] = std::string(reinterpret_cast<const char*>(&ss), sizeof ss);
+    // Field by field into zeroed bytes of the struct's layout (what resume reads): a copy of the
+    // struct would carry its padding, uninitialised, and two identical runs would write different
+    // checkpoints (caught by the sharding test's byte comparison).
+    const auto ss = st.scaler->state();
+    using State = optim::DynamicLossScaler::State;
+    std::string bytes(sizeof(State), '\0');
+    auto put = [&](size_t at, const auto& v) { std::memcpy(bytes.data() + at, &v, sizeof v); };
+    put(offsetof(State, scale), ss.scale);
+    put(offsetof(State, good), ss.good);
+    put(offsetof(State, skipped), ss.skipped);
+    put(offsetof(State, floor_overflows), ss.floor_overflows);
+    put(offsetof(State, hysteresis_left), ss.hysteresis_left);
+    c.sections["scaler"] = bytes;
   }
   return c;
 }

@@ -30,21 +30,26 @@ fi
 grep -q "2 replicas" "$work/two.log" || { echo "FAIL: the MPI run did not see 2 replicas"; cat "$work/two.log"; exit 1; }
 echo "identical model.bin (bit for bit)"
 
-echo "== sharded (ZeRO-1 / ZeRO-2) over MPI == unsharded: 2 processes x 1 and x 2 replicas"
-for local in 1 2; do
-  "${mpirun[@]}" "$build/apps/replica" train --devices cpu:$local --run-dir "$work/none$local" "${common[@]}" \
-    --set optim.name=adamw --set optim.lr=0.01 --set optim.clip_grad_norm=0.5 --set parallel.bucket_mb=0.05 > /dev/null
-  for mode in optimizer gradients; do
-    "${mpirun[@]}" "$build/apps/replica" train --devices cpu:$local --run-dir "$work/$mode$local" "${common[@]}" \
-      --set optim.name=adamw --set optim.lr=0.01 --set optim.clip_grad_norm=0.5 --set parallel.bucket_mb=0.05 \
-      --set parallel.shard=$mode > "$work/$mode$local.log"
-    grep -q "parallel.shard $mode" "$work/$mode$local.log" || { echo "FAIL: no sharding line"; cat "$work/$mode$local.log"; exit 1; }
-    if ! cmp "$work/none$local/model.bin" "$work/$mode$local/model.bin"; then
-      echo "FAIL: parallel.shard=$mode over 2 x $local differs from the unsharded MPI run"; exit 1
-    fi
+echo "== sharded (ZeRO-1 / ZeRO-2) over MPI == unsharded: 2 processes x 1 and x 2 replicas, fp32 and bf16"
+# bf16: the fp32 masters are sharded too and the 16-bit copy is what is all-gathered.
+for prec in fp32 bf16; do
+  for local in 1 2; do
+    shard_common=("${common[@]}" --set optim.name=adamw --set optim.lr=0.01 --set optim.clip_grad_norm=0.5
+                  --set parallel.bucket_mb=0.05 --set train.precision=$prec)
+    "${mpirun[@]}" "$build/apps/replica" train --devices cpu:$local --run-dir "$work/none$prec$local" \
+      "${shard_common[@]}" > /dev/null
+    for mode in optimizer gradients; do
+      "${mpirun[@]}" "$build/apps/replica" train --devices cpu:$local --run-dir "$work/$mode$prec$local" \
+        "${shard_common[@]}" --set parallel.shard=$mode > "$work/$mode$prec$local.log"
+      grep -q "parallel.shard $mode" "$work/$mode$prec$local.log" ||
+        { echo "FAIL: no sharding line"; cat "$work/$mode$prec$local.log"; exit 1; }
+      if ! cmp "$work/none$prec$local/model.bin" "$work/$mode$prec$local/model.bin"; then
+        echo "FAIL: parallel.shard=$mode in $prec over 2 x $local differs from the unsharded MPI run"; exit 1
+      fi
+    done
   done
 done
-echo "identical model.bin for both modes at 2 x 1 and 2 x 2"
+echo "identical model.bin for both modes at 2 x 1 and 2 x 2, fp32 and bf16"
 
 # Runs the collectives test with one planted fault; it must fail (not hang, not exit 0) within
 # 30 s. Sets rc and elapsed; the log is $work/$1.log.

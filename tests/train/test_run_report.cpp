@@ -33,13 +33,21 @@ TEST(RunReport, TheSummaryRecordReadsBack) {
   r.capacity_mib = {1000, 1000};
   r.cost_per_device_hour = 2.0;
   r.pressure_steps = 12;
+  r.shard = "gradients";  // ZeRO-2 in bf16: peaks above what a step keeps
+  r.params_mib = 146.5;
+  r.grads_mib = 146.2;
+  r.optimizer_mib = 97.5;
+  r.params_kept_mib = 97.7;
+  r.grads_kept_mib = 48.8;
   const RunReport back = RunReport::from_json(r.json());
   EXPECT_EQ(back.text(), r.text());
   EXPECT_DOUBLE_EQ(back.other_s(), 3);
   const std::string t = r.text();
   for (const char* needle : {"compute 70.0 s (70%)", "all-reduce wait 10.0 s", "checkpointing 2.0 s",
                              "other 3.0 s", "replica 1 peak 950 of 1000 MiB (headroom 5%)", "for 12 steps",
-                             "0.1111 device-hours", "cost 0.2222"})
+                             "0.1111 device-hours", "cost 0.2222",
+                             "gradients 146.2 MiB, optimizer state 97.5 MiB at peak; kept between steps: parameters "
+                             "97.7 MiB, gradients 48.8 MiB"})
     EXPECT_NE(t.find(needle), std::string::npos) << needle << " in\n" << t;
 }
 
