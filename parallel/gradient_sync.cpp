@@ -289,8 +289,16 @@ void GradientSync::ready(int first, int count) {
     marked_[s] = true;
     if (o_.rebuild && !rebuild_done_ && comm_.size() > 1) observed_.push_back(s);
   }
-  if (!sync_ || comm_.size() == 1) return;
+  if (!sync_ || (comm_.size() == 1 && !o_.release)) return;
   for (int s = first; s < first + count; ++s) --buckets_[bucket_of_slot_[s]].pending;
+  if (comm_.size() == 1) {
+    // Released, one replica: nothing travels. A complete bucket goes once the next one is complete
+    // too, as if its collective took as long as backward takes to fill the next bucket (the overlap
+    // buckets are cut for); memplan measures a run's release this way.
+    while (next_launch_ < static_cast<int>(buckets_.size()) && buckets_[next_launch_].pending == 0) ++next_launch_;
+    while (next_complete_ + 1 < next_launch_) complete(buckets_[next_complete_++]);
+    return;
+  }
   // Launch in bucket index order: a complete bucket waits for the ones before it, so every rank
   // issues the same sequence of collectives whatever order its slots became ready in.
   while (next_launch_ < static_cast<int>(buckets_.size()) && buckets_[next_launch_].pending == 0) {
@@ -306,7 +314,8 @@ void GradientSync::ready(int first, int count) {
 
 void GradientSync::finish(Stream* order) {
   if (o_.release && sync_ && comm_.size() == 1) {  // nothing travels: the shard is the whole sum
-    for (auto& b : buckets_) complete(b);
+    for (size_t k = static_cast<size_t>(next_complete_); k < buckets_.size(); ++k) complete(buckets_[k]);
+    next_complete_ = static_cast<int>(buckets_.size());
     return;
   }
   if (!sync_ || comm_.size() == 1) return;

@@ -49,8 +49,9 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
   if (shard.sharded() && dt != DType::f32) model->shard_masters(range.lo, range.hi);  // as Trainer does
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg.optim, *model, *pool, range);
   // ZeRO-2 as ReplicaStep runs it: no whole gradient buffer, buckets bound as backward reaches
-  // them, the largest shard kept. Measured alone, a bucket goes at the end of backward (a run
-  // gives one back earlier when its reduce-scatter is seen done): the plan errs on the safe side.
+  // them, the largest shard kept. Measured alone, a complete bucket goes once the next one is
+  // complete (GradientSync's one-replica release: its reduce-scatter assumed to take as long as
+  // backward takes to fill the next bucket). A slower link holds more buckets at once.
   const bool release = shard.mode == parallel::ShardMode::gradients;
   std::unique_ptr<parallel::Communicator> solo;
   std::unique_ptr<parallel::GradientSync> sync;
@@ -176,8 +177,9 @@ std::string MemPlan::report() const {
     os << ", parallel.shard " << shard << " (optimizer state"
        << (masters_sharded ? " and fp32 masters beside the 16-bit copy" : "") << ": the largest of " << replicas
        << " shards"
-       << (shard == "gradients" ? "; gradients: that shard kept, each bucket held from backward reaching it to the end "
-                                  "of backward (a run gives one back as soon as it is reduce-scattered)"
+       << (shard == "gradients" ? "; gradients: that shard kept, a bucket held from backward reaching it until the "
+                                  "next one is complete (its reduce-scatter overlapping that one; a slower link holds "
+                                  "more)"
                                 : "")
        << ")";
   os << ":\n";

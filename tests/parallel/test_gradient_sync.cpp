@@ -279,3 +279,54 @@ TEST(GradientSync, RebuildCanBeTurnedOff) {
   EXPECT_EQ(rebuilds[0], 0);
   EXPECT_EQ(rebuilds[1], 0);
 }
+
+TEST(GradientSync, ReleaseModeKeepsTheShardAloneAndGivesEveryBucketBack) {
+  // ZeRO-2's release on 3 ranks with uneven shards cut inside slots: buckets take zeroed storage
+  // as slots are prepared, keep it across an accumulation micro-step, and after the synchronised
+  // one each rank holds its shard of the average and nothing else (the slots unbound).
+  const int world = 3;
+  const std::vector<int64_t> shard = {0, 3500, 7000, 10000};
+  auto comms = make_host_communicators(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto pool = make_pool({DeviceKind::cpu, r}, PoolOptions{});
+      std::vector<int64_t> offs;
+      for (int i = 0; i < 10; ++i) offs.push_back(i * 1000);
+      const int64_t lo = shard[r], hi = shard[r + 1];
+      Tensor mine = Tensor::zeros(*pool, {hi - lo}, DType::f32, MemTag::grads);
+      std::vector<Tensor> bound(10);
+      BucketOptions o{.bucket_mb = 0.01, .first_bucket_mb = 0.01, .rebuild = false};
+      o.shard = shard;
+      o.release = true;
+      o.bind = [&](int slot, const Tensor& t) { bound[static_cast<size_t>(slot)] = t; };
+      GradientSync gs(offs, mine, *comms[r], o);
+      ASSERT_GT(gs.buckets().size(), 2u);
+      EXPECT_EQ(gs.held_elements(), 0);
+      auto value = [](int64_t i, int rank) { return static_cast<float>(i % 97 + rank); };
+      auto backward = [&](bool sync) {
+        gs.begin(sync);
+        for (int s = 9; s >= 0; --s) {
+          gs.prepare(s, 1);
+          ASSERT_TRUE(bound[s].defined()) << "slot " << s << " bound before backward writes it";
+          ASSERT_EQ(bound[s].numel(), 1000);
+          for (int64_t i = 0; i < 1000; ++i) bound[s].data<float>()[i] += value(s * 1000 + i, r);
+          gs.ready(s, 1);
+        }
+        gs.finish();
+      };
+      backward(false);
+      EXPECT_EQ(gs.held_elements(), 10000) << "an accumulation micro-step keeps every bucket";
+      backward(true);
+      EXPECT_EQ(gs.held_elements(), 0) << "every bucket given back";
+      for (int s = 0; s < 10; ++s) EXPECT_FALSE(bound[s].defined()) << "slot " << s << " still bound";
+      int64_t wrong = 0;
+      for (int64_t i = lo; i < hi; ++i)  // mean over ranks of two micro-steps: 2 (i % 97) + 2
+        wrong += mine.data<float>()[i - lo] != static_cast<float>(2 * (i % 97) + 2);
+      EXPECT_EQ(wrong, 0) << "rank " << r << ": shard elements wrong";
+      const size_t kept = pool->stats().tags[static_cast<int>(MemTag::grads)].in_use;
+      EXPECT_GE(kept, static_cast<size_t>(hi - lo) * 4);
+      EXPECT_LE(kept, static_cast<size_t>(hi - lo) * 4 + 1024) << "only the shard (and its alignment) is left";
+    });
+  for (auto& t : ts) t.join();
+}
