@@ -24,7 +24,7 @@ fi
 # libyaml-cpp-dev is not co-installable across architectures in Debian 12 (installing the arm64
 # one removes the amd64 one the native build needs), so its arm64 form is unpacked into a private
 # directory of the build instead (with its run-time library, which also co-installs for qemu).
-need=(g++-aarch64-linux-gnu qemu-user libyaml-cpp0.7:arm64 zlib1g-dev:arm64 libpng-dev:arm64
+need=(g++-aarch64-linux-gnu qemu-user libc6:arm64 libgomp1:arm64 libyaml-cpp0.7:arm64 zlib1g-dev:arm64 libpng-dev:arm64
       libturbojpeg0-dev:arm64 libgtest-dev:arm64)
 missing=()
 for p in "${need[@]}"; do
@@ -45,5 +45,5 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-
   -Dyaml-cpp_DIR="$yaml_root/usr/lib/aarch64-linux-gnu/cmake/yaml-cpp"
 cmake --build "$build" -j "$(nproc)"
 file "$build/apps/replica"
-qemu-aarch64 -L /usr/aarch64-linux-gnu "$build/apps/replica" --version
+qemu-aarch64 -L / "$build/apps/replica" --version
 ctest --test-dir "$build" -R "$tests" -E "$skip" -j "$(nproc)" --timeout 900 --output-on-failure

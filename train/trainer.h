@@ -143,6 +143,8 @@ class Trainer {
   // Loads the newest valid checkpoint (falling back with a warning past damaged ones), or
   // `in_memory` (named opts_.resume in messages: a shrink's checkpoint, being written meanwhile).
   void load_resume_point(const Checkpoint* in_memory = nullptr);
+  // One replica's part of it (run on the replica's thread).
+  void restore_replica(parallel::Replica& rep, const Checkpoint& ck, int old_world, int64_t optimizer_steps);
   // train/recovery.cpp. After each completed step (and at the start): what a shrink continues from.
   void remember_step(parallel::Replica& rep, int64_t step);
   // parallel.on_replica_failure: shrink, one process: when exactly one replica failed, writes the

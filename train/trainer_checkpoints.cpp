@@ -202,7 +202,52 @@ ResumePoint check_resume_point(const Checkpoint& ck, const std::string& file, nn
   }
   return p;
 }
+// Every replica's batch-norm statistics averaged, for a resume on another replica count.
+std::vector<float> average_statistics(const Checkpoint& ck, int old_world, size_t n) {
+  std::vector<double> acc(n, 0.0);
+  std::vector<float> f(n);
+  for (int r = 0; r < old_world; ++r) {
+    std::memcpy(f.data(), ck.sections.at("buffers." + std::to_string(r)).data(), n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) acc[i] += f[i];
+  }
+  for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(acc[i] / old_world);
+  return f;
+}
 }  // namespace
+
+// One replica's part of a resume, from a checkpoint already checked whole: the masters (whole, or
+// its shard and the 16-bit copy whole), its batch-norm statistics (its own on the same replica
+// count, else the average), its range of the optimizer state, the step count and the scaler.
+void Trainer::restore_replica(parallel::Replica& rep, const Checkpoint& ck, int old_world, int64_t optimizer_steps) {
+  auto& st = states_[rep.local_index()];
+  const std::string& params = ck.sections.at("params");
+  std::vector<float> whole(params.size() / sizeof(float));
+  std::memcpy(whole.data(), params.data(), whole.size() * sizeof(float));
+  st.model->load_masters(whole.data());
+  Tensor& b = st.model->buffers();
+  if (old_world == replicas()) {
+    const std::string& mine = ck.sections.at("buffers." + std::to_string(rep.rank()));
+    tensor_from_bytes(b, mine.data(), mine.size());
+  } else {
+    const std::vector<float> f = average_statistics(ck, old_world, static_cast<size_t>(b.numel()));
+    tensor_from_bytes(b, f.data(), f.size() * sizeof(float));
+  }
+  st.model->refresh_compute_copy();
+  // The whole state is in the checkpoint; a sharded replica takes its own range of it.
+  const std::string& opt = ck.sections.at("optimizer");
+  const int64_t lo = st.opt->range_lo(), hi = st.opt->range_hi();
+  size_t off = 0;
+  for (Tensor* t : st.opt->state()) {
+    if (hi > lo) tensor_from_bytes(t->view(0, {hi - lo}), opt.data() + off + lo * sizeof(float), (hi - lo) * sizeof(float));
+    off += static_cast<size_t>(st.opt->total()) * sizeof(float);
+  }
+  st.opt->set_steps(optimizer_steps);
+  if (st.scaler && ck.sections.count("scaler")) {
+    optim::DynamicLossScaler::State ss;
+    std::memcpy(&ss, ck.sections.at("scaler").data(), sizeof ss);
+    st.scaler->restore(ss);
+  }
+}
 
 void Trainer::load_resume_point(const Checkpoint* in_memory) {
   std::vector<std::string> candidates;
@@ -239,44 +284,7 @@ void Trainer::load_resume_point(const Checkpoint* in_memory) {
     throw ConfigError("--resume: the checkpoint was trained with global batch " + std::to_string(at.global_batch) +
                       " but the configuration says " + std::to_string(cfg_.train.global_batch) +
                       "; keep train.global_batch (the data position and the schedule depend on it)");
-  const int old_world = at.world;
-  group_->run([&](parallel::Replica& rep) {
-    auto& st = states_[rep.local_index()];
-    // The masters whole, or this replica's shard of them (and the 16-bit copy whole).
-    const std::string& params = ckp->sections.at("params");
-    std::vector<float> whole(params.size() / sizeof(float));
-    std::memcpy(whole.data(), params.data(), whole.size() * sizeof(float));
-    st.model->load_masters(whole.data());
-    Tensor& b = st.model->buffers();
-    if (old_world == replicas()) {
-      const std::string& mine = ckp->sections.at("buffers." + std::to_string(rep.rank()));
-      tensor_from_bytes(b, mine.data(), mine.size());
-    } else {  // another replica count: every replica starts from the average statistics
-      std::vector<double> acc(static_cast<size_t>(b.numel()), 0.0);
-      std::vector<float> f(acc.size());
-      for (int r = 0; r < old_world; ++r) {
-        std::memcpy(f.data(), ckp->sections.at("buffers." + std::to_string(r)).data(), f.size() * sizeof(float));
-        for (size_t i = 0; i < acc.size(); ++i) acc[i] += f[i];
-      }
-      for (size_t i = 0; i < acc.size(); ++i) f[i] = static_cast<float>(acc[i] / old_world);
-      tensor_from_bytes(b, f.data(), f.size() * sizeof(float));
-    }
-    st.model->refresh_compute_copy();
-    // The whole state is in the checkpoint; a sharded replica takes its own range of it.
-    const std::string& opt = ckp->sections.at("optimizer");
-    const int64_t lo = st.opt->range_lo(), hi = st.opt->range_hi();
-    size_t off = 0;
-    for (Tensor* t : st.opt->state()) {
-      if (hi > lo) tensor_from_bytes(t->view(0, {hi - lo}), opt.data() + off + lo * sizeof(float), (hi - lo) * sizeof(float));
-      off += static_cast<size_t>(st.opt->total()) * sizeof(float);
-    }
-    st.opt->set_steps(at.optimizer_steps);
-    if (st.scaler && ckp->sections.count("scaler")) {
-      optim::DynamicLossScaler::State ss;
-      std::memcpy(&ss, ckp->sections.at("scaler").data(), sizeof ss);
-      st.scaler->restore(ss);
-    }
-  });
+  group_->run([&](parallel::Replica& rep) { restore_replica(rep, *ckp, at.world, at.optimizer_steps); });
   start_global_step_ = at.global_step;
   start_epoch_ = at.epoch;
   start_step_in_epoch_ = at.step_in_epoch;
@@ -284,10 +292,10 @@ void Trainer::load_resume_point(const Checkpoint* in_memory) {
   if (opts_.print) {
     std::printf("replica: resumed from %s at step %ld (epoch %ld, step %ld of it)\n", used.c_str(),
                 (long)start_global_step_, (long)start_epoch_ + 1, (long)start_step_in_epoch_);
-    if (old_world != replicas())
+    if (at.world != replicas())
       std::printf("replica: the checkpoint ran on %d replica(s), this run on %d: %d accumulation step(s) of %ld keep the "
                   "global batch of %ld\n",
-                  old_world, replicas(), accumulation_, (long)micro_, (long)cfg_.train.global_batch);
+                  at.world, replicas(), accumulation_, (long)micro_, (long)cfg_.train.global_batch);
   }
 }
 

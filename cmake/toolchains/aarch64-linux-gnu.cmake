@@ -13,8 +13,11 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE BOTH)
-# Run the cross-built tests under qemu-user (ctest and gtest_discover_tests use this).
+# Run the cross-built tests under qemu-user (ctest and gtest_discover_tests use this), with the
+# multiarch arm64 C library (libc6:arm64, under /) rather than the cross compiler's sysroot: under
+# qemu-user 7.2 the cross package's libc6-arm64-cross (2.36-8cross1) never returns from the first
+# pthread_create (a three-line std::thread program hangs with it and runs with libc6:arm64).
 find_program(REPLICA_QEMU_AARCH64 qemu-aarch64)
 if(REPLICA_QEMU_AARCH64)
-  set(CMAKE_CROSSCOMPILING_EMULATOR ${REPLICA_QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
+  set(CMAKE_CROSSCOMPILING_EMULATOR ${REPLICA_QEMU_AARCH64} -L /)
 endif()
