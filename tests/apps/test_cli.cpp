@@ -23,6 +23,18 @@
 namespace {
 
 const std::string kBin = std::string(REPLICA_BINARY_DIR) + "/apps/replica";
+// A cross build's tests run the binary behind the emulator its tests run under (qemu-user, from
+// CMAKE_CROSSCOMPILING_EMULATOR): a host without binfmt_misc cannot exec it directly.
+#ifdef REPLICA_TEST_EMULATOR
+const std::vector<std::string> kEmulator = [] {
+  std::vector<std::string> words;
+  std::istringstream in(REPLICA_TEST_EMULATOR);
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}();
+#else
+const std::vector<std::string> kEmulator;
+#endif
 
 struct Result {
   int code;
@@ -30,7 +42,9 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  std::string cmd = kBin + " " + args + " 2>&1";
+  std::string cmd;
+  for (const auto& w : kEmulator) cmd += w + " ";
+  cmd += kBin + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -51,9 +65,10 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
     dup2(fileno(f), 1);
     dup2(fileno(f), 2);
     std::vector<char*> argv;
+    for (auto& w : kEmulator) argv.push_back(const_cast<char*>(w.c_str()));
     for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    execv(kBin.c_str(), argv.data());
+    execv(argv[0], argv.data());
     _exit(127);
   }
   return pid;
