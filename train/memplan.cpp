@@ -65,11 +65,7 @@ Measured measure(const RunConfig& cfg, const Shape& sample, int64_t classes, int
     bo.release = true;
     bo.rank = largest;
     bo.rebuild = false;
-    nn::Model* m = model.get();
-    bo.bind = [m](int slot, const Tensor& g) {
-      const auto& p = m->registry().params()[static_cast<size_t>(slot)];
-      *p.grad = g.defined() ? g.view(0, p.shape) : Tensor();
-    };
+    bo.bind = [m = model.get()](int slot, const Tensor& g) { m->bind_grad(slot, g); };
     model->release_grads();
     grads = Tensor::zeros(*pool, {std::max<int64_t>(range.hi - range.lo, 1)}, DType::f32, MemTag::grads);
     solo = parallel::make_solo_communicator();

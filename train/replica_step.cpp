@@ -32,22 +32,18 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
     throw Error("ReplicaStep: the shard plan covers " + std::to_string(o_.shard.total()) + " elements over " +
                 std::to_string(o_.shard.world()) + " replicas; the model has " + std::to_string(total) + " over " +
                 std::to_string(replica.world()));
-  Tensor reduced = model.grads();
+  grads_ = model.grads();
   if (o_.shard.mode == parallel::ShardMode::gradients) {
     // ZeRO-2: no whole gradient buffer. Buckets take storage as backward reaches them and give it
     // back once reduce-scattered; what stays is this replica's shard of the reduced gradient.
     o_.buckets.shard = o_.shard.bounds;
     o_.buckets.release = true;
-    o_.buckets.bind = [&model](int slot, const Tensor& g) {
-      const auto& p = model.registry().params()[static_cast<size_t>(slot)];
-      *p.grad = g.defined() ? g.view(0, p.shape) : Tensor();
-    };
+    o_.buckets.bind = [&model](int slot, const Tensor& g) { model.bind_grad(slot, g); };
     model.release_grads();
-    shard_grads_ = Tensor::zeros(replica.pool(), {std::max<int64_t>(o_.shard.hi(rank) - o_.shard.lo(rank), 1)},
-                                 DType::f32, MemTag::grads);
-    reduced = shard_grads_;
+    grads_ = Tensor::zeros(replica.pool(), {std::max<int64_t>(o_.shard.hi(rank) - o_.shard.lo(rank), 1)}, DType::f32,
+                           MemTag::grads);
   }
-  sync_ = std::make_unique<parallel::GradientSync>(offsets, reduced, replica.comm(), o_.buckets);
+  sync_ = std::make_unique<parallel::GradientSync>(offsets, grads_, replica.comm(), o_.buckets);
   stats_ = Tensor::empty(replica.pool(), {kStatCount}, DType::f32, MemTag::other);
   // The norm's blocks: all of them here, unless the reduced gradients are sharded.
   const std::vector<int64_t> blocks = parallel::norm_blocks(offsets, total);
@@ -65,20 +61,20 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
     first_block_ = static_cast<int64_t>(block_bounds_[rank]);
   }
   norm_segments_ = parallel::norm_segments(blocks, first_block_, hi);
-  if (shard_grads_.defined())  // the shard is indexed from its own start
+  if (o_.buckets.release)  // the shard is indexed from its own start
     for (auto& seg : norm_segments_) seg.first -= o_.shard.lo(rank);
 }
 
 Tensor ReplicaStep::reduced_grads() const {
-  if (o_.shard.mode != parallel::ShardMode::gradients) return model_.grads();
+  if (o_.shard.mode != parallel::ShardMode::gradients) return grads_;
   return owned_grads();
 }
 
 Tensor ReplicaStep::owned_grads() const {
-  if (!o_.shard.sharded()) return model_.grads();
+  if (!o_.shard.sharded()) return grads_;
   const int64_t lo = o_.shard.lo(rep_.rank()), hi = o_.shard.hi(rep_.rank());
   if (hi <= lo) return Tensor();
-  return shard_grads_.defined() ? shard_grads_.view(0, {hi - lo}) : model_.grads().view(lo, {hi - lo});
+  return o_.buckets.release ? grads_.view(0, {hi - lo}) : grads_.view(lo, {hi - lo});
 }
 
 void ReplicaStep::zero_grad() {
@@ -191,7 +187,7 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   {
     Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
     // Queued on the compute stream, no host wait. ZeRO-2 hands over the shard alone.
-    opt_.step(model_.params(), shard_grads_.defined() ? shard_grads_ : model_.grads(), lr);
+    opt_.step(model_.params(), grads_, lr);
     if (model_.masters_sharded()) {  // the shard's 16-bit copy, then everyone's (half the bytes)
       model_.refresh_compute_copy();
       gather_parameters();
@@ -242,8 +238,7 @@ void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* hos
   // count and with or without sharding (a sharded replica computes its blocks and gathers the rest).
   const int64_t nmine = static_cast<int64_t>(norm_segments_.size());
   if (nmine > 0)
-    be.segment_sum_squares_into(shard_grads_.defined() ? shard_grads_ : model_.grads(), norm_segments_,
-                                partials_.view(first_block_, {nmine}));
+    be.segment_sum_squares_into(grads_, norm_segments_, partials_.view(first_block_, {nmine}));
   if (!block_bounds_.empty() && rep_.world() > 1) {
     partials = rep_.comm().all_gather_v_async(partials_.raw(), static_cast<size_t>(partials_.numel()), DType::f32,
                                               block_bounds_);
@@ -261,7 +256,7 @@ void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* hos
 // parameters, or with sharded masters the 16-bit copy the layers read.
 void ReplicaStep::gather_parameters() {
   if (!o_.shard.sharded() || rep_.world() == 1) return;
-  Tensor& p = model_.masters_sharded() ? model_.compute_copy() : model_.params();
+  Tensor& p = model_.replicated_params();
   std::vector<size_t> bounds(o_.shard.bounds.begin(), o_.shard.bounds.end());
   rep_.comm().all_gather_v_async(p.raw(), static_cast<size_t>(p.numel()), p.dtype(), bounds)->order_before(rep_.stream());
 }

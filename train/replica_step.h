@@ -127,9 +127,9 @@ class ReplicaStep {
   Tensor reduced_grads() const;
   // The part of them its optimizer updates: its shard when sharded (undefined when empty).
   Tensor owned_grads() const;
-  // ZeRO-2: this replica's shard of the reduced gradient, the only gradient memory kept between
-  // steps (the model's flat buffer is released; undefined in the other modes).
-  Tensor shard_grads_;
+  // Where the reduced gradients land: the model's flat buffer, or under ZeRO-2 this replica's shard
+  // alone, the only gradient memory kept between steps (the flat buffer is released).
+  Tensor grads_;
   // The gradient norm's fixed blocks (parallel::norm_blocks): this replica's to compute, their
   // first index, and the block bounds of every shard (gradients mode: the partials are gathered).
   std::vector<std::pair<int64_t, int64_t>> norm_segments_;

@@ -425,8 +425,7 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
       ++step;
       remember_step(rep, step);
       if (cfg_.parallel.check_every && step % cfg_.parallel.check_every == 0)
-        parallel::check_replicas_agree(rep.comm(), st.model->masters_sharded() ? st.model->compute_copy() : st.model->params(),
-                                       step);
+        parallel::check_replicas_agree(rep.comm(), st.model->replicated_params(), step);
       // Where the data resumes after this step: the next step of this epoch, or the next epoch.
       if (checkpoints.after_step(step, stop))
         save_checkpoint(rep, loop, checkpoints, step, s + 1 == spe ? epoch + 1 : epoch, s + 1 == spe ? 0 : s + 1);
@@ -473,10 +472,12 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
     if (!loop.result.history.empty()) loop.result.last_loss = loop.result.history.back().loss;
   }
   const auto t_save = Clock::now();
-  std::vector<float> masters = gather_masters(rep);
-  const Tensor params = Tensor::wrap(masters.data(), {static_cast<int64_t>(masters.size())}, DType::f32, Device{});
+  std::string masters = gather_masters(rep);  // every replica takes part; the lead writes them
   with_averaged_statistics(rep, *st.model, [&] {
-    if (lead) save_model(*st.model, params, st.model->buffers(), cfg_.train.run_dir + "/model.bin");
+    if (!lead) return;
+    const Tensor params = Tensor::wrap(masters.data(), {static_cast<int64_t>(masters.size() / sizeof(float))},
+                                       DType::f32, Device{});
+    save_model(*st.model, params, st.model->buffers(), cfg_.train.run_dir + "/model.bin");
   });
   if (lead) loop.checkpoint_seconds += std::chrono::duration<double>(Clock::now() - t_save).count();
 }

@@ -131,9 +131,9 @@ class Trainer {
   // The optimizer's state tensors whole, concatenated (rank 0 gets the bytes; every replica must
   // call it): sharded state is gathered, so the checkpoint is the same as an unsharded run's.
   std::string gather_optimizer_state(parallel::Replica& rep);
-  // The f32 master parameters whole (every replica must call it; every replica gets them): a
-  // copy of params(), or gathered from the shards when the masters are sharded.
-  std::vector<float> gather_masters(parallel::Replica& rep);
+  // The f32 master parameters whole, as bytes (every replica must call it; rank 0 gets them, the
+  // others too when sharded): params() itself, or gathered from the shards.
+  std::string gather_masters(parallel::Replica& rep);
   // A checkpoint of the master parameters `params` (f32 bytes, whole), `st`'s optimizer step count
   // and scaler, with every replica's batch-norm statistics (`buffers`, one per replica: the
   // checkpoint's world) and the whole optimizer state `opt_state`, at the given data position.

@@ -42,7 +42,7 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
   // The optimizer state whole, as an unsharded run writes it (gathered from the shards), so any
   // replica count, sharded or not, resumes from it.
   const std::string opt_state = gather_optimizer_state(rep);
-  const std::vector<float> masters = gather_masters(rep);
+  const std::string masters = gather_masters(rep);
   std::string path;
   fault_point(rep, "checkpoint");  // REPLICA_FAULT=...:checkpoint: after the gathers, before the file
   if (rep.rank() == 0) {
@@ -51,8 +51,7 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
     for (int r = 0; r < replicas(); ++r)
       buffers.emplace_back(reinterpret_cast<const char*>(all_buffers.data() + r * nb), nb * sizeof(float));
     path = checkpoint_path(policy.dir(), global_step);
-    const std::string params(reinterpret_cast<const char*>(masters.data()), masters.size() * sizeof(float));
-    write_checkpoint(compose_checkpoint(states_[0], params, buffers, opt_state, global_step, epoch, step_in_epoch), path);
+    write_checkpoint(compose_checkpoint(states_[0], masters, buffers, opt_state, global_step, epoch, step_in_epoch), path);
     rotate_checkpoints(policy.dir(), policy.keep_last());
   }
   rep.comm().barrier();
@@ -120,20 +119,20 @@ std::string Trainer::gather_optimizer_state(parallel::Replica& rep) {
   return out;
 }
 
-std::vector<float> Trainer::gather_masters(parallel::Replica& rep) {
+std::string Trainer::gather_masters(parallel::Replica& rep) {
   nn::Model& model = *states_[rep.local_index()].model;
-  const Tensor& p = model.params();
-  std::vector<float> full(static_cast<size_t>(std::max<int64_t>(model.num_params(), 1)), 0.f);
-  const int64_t lo = model.masters_lo(), hi = model.masters_hi();
-  if (hi > lo) {
-    const std::string mine = tensor_to_bytes(p.view(0, {hi - lo}));
-    std::memcpy(full.data() + lo, mine.data(), mine.size());
+  if (!model.masters_sharded()) return rep.rank() == 0 ? tensor_to_bytes(model.params()) : std::string();
+  // Sharded: this replica's range copied straight into the whole buffer, the others gathered there.
+  const int64_t total = std::max<int64_t>(model.num_params(), 1), lo = model.masters_lo(), hi = model.masters_hi();
+  std::string whole(static_cast<size_t>(total) * sizeof(float), '\0');
+  float* w = reinterpret_cast<float*>(whole.data());
+  if (hi > lo) copy_tensor(model.params().view(0, {hi - lo}), Tensor::wrap(w + lo, {hi - lo}, DType::f32, Device{}));
+  if (rep.world() > 1) {
+    const parallel::ShardPlan& plan = states_[rep.local_index()].step->shard_plan();
+    parallel::all_gather_v_host(rep.comm(), &rep.pool(), w, static_cast<size_t>(total),
+                                std::vector<size_t>(plan.bounds.begin(), plan.bounds.end()));
   }
-  if (!model.masters_sharded() || rep.world() == 1) return full;
-  const parallel::ShardPlan& plan = states_[rep.local_index()].step->shard_plan();
-  parallel::all_gather_v_host(rep.comm(), &rep.pool(), full.data(), full.size(),
-                              std::vector<size_t>(plan.bounds.begin(), plan.bounds.end()));
-  return full;
+  return whole;
 }
 
 namespace {

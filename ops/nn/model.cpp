@@ -141,6 +141,11 @@ void Model::zero_grad() {
   if (grads_.defined()) ops::backend_for(grads_.device()).fill(grads_, 0.f);
 }
 
+void Model::bind_grad(int slot, const Tensor& flat) {
+  const auto& p = reg_.params().at(static_cast<size_t>(slot));
+  *p.grad = flat.defined() ? flat.view(0, p.shape) : Tensor();
+}
+
 void Model::release_grads() {
   for (auto& p : reg_.params()) *p.grad = Tensor();
   grads_ = Tensor();

@@ -31,6 +31,9 @@ class Model {
   // unbound; the training step binds each to its bucket's storage while backward needs it
   // (parallel::GradientSync's release mode). grads() is undefined after it; zero_grad() a no-op.
   void release_grads();
+  // Points slot `slot`'s gradient at `flat` (its elements, flat; undefined unbinds it): where a
+  // released buffer's storage lives for now (GradientSync's `bind`).
+  void bind_grad(int slot, const Tensor& flat);
   // Sharded fp32 masters (parallel.shard with a 16-bit compute dtype): params() keeps only the
   // master's elements [lo, hi), indexed from lo; the layers read the 16-bit copy, which stays whole
   // (refresh_compute_copy() re-rounds the shard's range only; the training step all-gathers the
@@ -40,6 +43,9 @@ class Model {
   int64_t masters_lo() const { return masters_sharded() ? masters_lo_ : 0; }
   int64_t masters_hi() const { return masters_sharded() ? masters_hi_ : params_.numel(); }
   Tensor& compute_copy() { return compute_; }  // the 16-bit parameters (undefined in f32)
+  // What every replica holds whole and alike: the 16-bit copy when the masters are sharded, else
+  // the masters (the sharded step all-gathers it; the replica agreement check compares it).
+  Tensor& replicated_params() { return masters_sharded() ? compute_ : params_; }
   // Sets the masters from `whole` (host f32, every element of the flat buffer): all of them, or the
   // shard's range when sharded, and the compute copy whole (sharded, rounded on the host, as the
   // device's cast rounds: to nearest even).
