@@ -4,7 +4,8 @@
 // 5x5 filters, and the ResNet-20 layer shapes; forward, backward data and backward filter (+=).
 // The error bound is relative to the sum of |terms| of each output, as f32 accumulation allows.
 // Every case runs on every CPU kernel copy this CPU can run (ops/cpu/isa.h: baseline, avx2,
-// avx512), with the direct kernels on and off where the copy uses them.
+// avx512), with the direct kernels on and off where the copy uses them, and with Winograd
+// F(2x2, 3x3) on and off where the direct kernels run (ops/cpu/winograd_kernels.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -116,13 +117,17 @@ struct Path {
   std::string copy;
   bool direct;
   bool zmm = false;  // the avx512 copy's 512-bit direct kernels (REPLICA_DIRECT_ZMM)
+  bool winograd = false;  // Winograd F(2x2, 3x3) for the 3x3 stride-1 layers it serves (REPLICA_WINOGRAD)
 };
 
 std::vector<Path> paths() {
   std::vector<Path> p;
   for (const auto& v : ops::cpu_kernel_variants()) {
     p.push_back({v.name, false});
-    if (v.isa >= CpuIsa::avx2) p.push_back({v.name, true});  // the copies that use the direct kernels
+    if (v.isa >= CpuIsa::avx2) {  // the copies that use the direct kernels and Winograd
+      p.push_back({v.name, true});
+      p.push_back({v.name, true, false, true});
+    }
     if (v.isa >= CpuIsa::avx512) p.push_back({v.name, true, true});
   }
   return p;
@@ -133,8 +138,10 @@ class ConvKernels : public ::testing::TestWithParam<std::tuple<Geom, Path>> {
   void TearDown() override {
     ops::direct::set_enabled(true);
     ops::direct::set_zmm(zmm_before_);
+    ops::direct::set_winograd(winograd_before_);
   }
   bool zmm_before_ = ops::direct::zmm_enabled();
+  bool winograd_before_ = ops::direct::winograd_enabled();
 };
 
 TEST_P(ConvKernels, MatchDoublePrecision) {
@@ -147,9 +154,12 @@ TEST_P(ConvKernels, MatchDoublePrecision) {
   const bool had = ops::direct::set_enabled(use_direct);
   if (use_direct && !had) GTEST_SKIP() << "this CPU has no AVX2/FMA: the direct kernels do not run";
   ops::direct::set_zmm(path.zmm);
+  ops::direct::set_winograd(path.winograd);
   auto pool = replica::testing::test_pool();
   auto& be = ops::cpu_backend_variant(path.copy);
   const auto g = ops::ConvGeom::make({c.N, c.H, c.W, c.C}, c.K, c.R, c.R, c.stride, c.pad, "test");
+  if (path.winograd && !ops::direct::serves_winograd(g))
+    GTEST_SKIP() << "Winograd does not serve " << name_of(c) << " (the direct case covers it)";
   std::mt19937 rng(7);
   const auto x = random_values(g.N * g.H * g.W * g.C, rng), w = random_values(g.K * g.R * g.S * g.C, rng),
              dy = random_values(g.N * g.P * g.Q * g.K, rng), dw0 = random_values(w.size(), rng);
@@ -160,11 +170,12 @@ TEST_P(ConvKernels, MatchDoublePrecision) {
   EXPECT_LT(ey, kTol) << "forward";
   EXPECT_LT(edx, kTol) << "backward data";
   EXPECT_LT(edw, kTol) << "backward filter (+= onto a random gradient)";
-  const bool d = use_direct;
+  const bool d = use_direct, wino = d && ops::direct::serves_winograd(g);
   std::printf("%-28s %-8s %s  fwd %.1e (%s)  bwd-data %.1e (%s)  bwd-filter %.1e (%s)\n", name_of(c).c_str(),
-              path.copy.c_str(), d ? "direct-capable" : "im2col", ey, d && ops::direct::serves_forward(g) ? "direct" : "im2col", edx,
-              d && ops::direct::serves_backward_data(g) ? "direct" : "im2col", edw,
-              d && ops::direct::serves_backward_filter(g) ? "direct" : "im2col");
+              path.copy.c_str(), d ? "direct-capable" : "im2col", ey,
+              wino ? "winograd" : d && ops::direct::serves_forward(g) ? "direct" : "im2col", edx,
+              wino ? "winograd" : d && ops::direct::serves_backward_data(g) ? "direct" : "im2col", edw,
+              wino ? "winograd" : d && ops::direct::serves_backward_filter(g) ? "direct" : "im2col");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -181,20 +192,28 @@ INSTANTIATE_TEST_SUITE_P(
                                          Geom{2, 28, 28, 16, 16, 3, 1, 1},  // ResNet-20 stage 1
                                          Geom{2, 14, 14, 32, 32, 3, 1, 1},  // stage 2
                                          Geom{2, 7, 7, 64, 64, 3, 1, 1},   // stage 3
-                                         Geom{1, 28, 28, 72, 80, 3, 1, 1}), // wide: weight gradient in 4 row bands
+                                         Geom{1, 28, 28, 72, 80, 3, 1, 1},  // wide: weight gradient in 4 row bands
+                                         // Winograd: odd sizes (edge tiles cut on both sides), K
+                                         // = 16 + 8 and C = 8 (GEMM tails), 147 tiles over blocks
+                                         Geom{2, 7, 9, 16, 32, 3, 1, 1}, Geom{2, 5, 6, 24, 24, 3, 1, 1},
+                                         Geom{3, 7, 7, 8, 64, 3, 1, 1}, Geom{3, 14, 14, 32, 32, 3, 1, 1}),
                        ::testing::ValuesIn(paths())),
     [](const ::testing::TestParamInfo<std::tuple<Geom, Path>>& i) {
       const Path& p = std::get<1>(i.param);
-      return name_of(std::get<0>(i.param)) + "_" + p.copy + (p.direct ? "_direct" : "_im2col") + (p.zmm ? "_zmm" : "");
+      return name_of(std::get<0>(i.param)) + "_" + p.copy + (p.direct ? "_direct" : "_im2col") + (p.zmm ? "_zmm" : "") +
+             (p.winograd ? "_winograd" : "");
     });
 
-// 16-bit activations reach the direct kernels a chunk at a time (converted to f32 and back):
-// the result must be the f32 result of the same rounded inputs, rounded once.
+// 16-bit activations reach the direct kernels (and Winograd's, K = 32) a chunk at a time
+// (converted to f32 and back): the result must be the f32 result of the same rounded inputs,
+// rounded once.
 TEST(ConvKernels16, DirectAndIm2colAgreeOnBf16AndF16) {
   if (!ops::direct::set_enabled(true)) GTEST_SKIP() << "no AVX2/FMA: the direct kernels do not run";
   auto pool = replica::testing::test_pool();
   auto& be = ops::backend_for(pool->device());
-  const auto g = ops::ConvGeom::make({3, 10, 10, 16}, 24, 3, 3, 1, 1, "test");
+  for (int64_t K : {24, 32}) {
+  const auto g = ops::ConvGeom::make({3, 10, 10, 16}, K, 3, 3, 1, 1, "test");
+  EXPECT_EQ(ops::direct::serves_winograd(g), K == 32 && ops::direct::winograd_enabled());
   for (DType dt : {DType::bf16, DType::f16}) {
     std::mt19937 rng(9);
     auto half = [&](std::vector<float> v, Shape s) {
@@ -227,9 +246,32 @@ TEST(ConvKernels16, DirectAndIm2colAgreeOnBf16AndF16) {
       for (size_t i = 0; i < out[0][o].size(); ++i) {
         const double a = out[0][o][i], b = out[1][o][i];
         ASSERT_LE(std::abs(a - b), (o == 2 ? 1e-4 : ulp) * std::max(1.0, std::abs(b)))
-            << what[o] << " " << dtype_name(dt) << " element " << i;
+            << what[o] << " " << dtype_name(dt) << " K " << K << " element " << i;
       }
   }
+  }
+}
+
+// Which layers Winograd serves: ResNet-20's 3x3 stride-1 layers of 32 and 64 channels (and
+// ResNet-50's 64-channel ones); not 16 x 16, stride 2, 1x1, the one-channel stem, or 128 channels.
+TEST(ConvKernels, WinogradServesThe3x3Stride1LayersItWasMeasuredToWinOn) {
+  if (!ops::direct::available()) GTEST_SKIP() << "no AVX2/FMA: neither the direct kernels nor Winograd run";
+  const bool was = ops::direct::set_winograd(true);
+  auto serves = [](Shape in, int64_t K, int64_t R, int64_t stride, int64_t pad) {
+    return ops::direct::serves_winograd(ops::ConvGeom::make(in, K, R, R, stride, pad, "test"));
+  };
+  EXPECT_TRUE(serves({64, 14, 14, 32}, 32, 3, 1, 1));
+  EXPECT_TRUE(serves({64, 7, 7, 64}, 64, 3, 1, 1));
+  EXPECT_TRUE(serves({16, 56, 56, 64}, 64, 3, 1, 1));
+  EXPECT_FALSE(serves({64, 28, 28, 16}, 16, 3, 1, 1));
+  EXPECT_FALSE(serves({64, 28, 28, 16}, 32, 3, 2, 1));
+  EXPECT_FALSE(serves({64, 14, 14, 32}, 64, 1, 2, 0));
+  EXPECT_FALSE(serves({64, 28, 28, 1}, 16, 3, 1, 1));
+  EXPECT_FALSE(serves({16, 28, 28, 128}, 128, 3, 1, 1));
+  EXPECT_FALSE(serves({64, 14, 14, 32}, 32, 3, 1, 0));
+  ops::direct::set_winograd(false);
+  EXPECT_FALSE(serves({64, 14, 14, 32}, 32, 3, 1, 1)) << "REPLICA_WINOGRAD=0 / set_winograd(false) turns it off";
+  ops::direct::set_winograd(was);
 }
 
 // The avx512 copy's zmm direct kernels do the AVX2 kernels' FMAs per output element in the same
@@ -243,6 +285,10 @@ TEST(ConvKernels, DirectKernelsInYmmAndZmmGiveTheSameBits) {
   };
   if (!built("avx2") || !built("avx512")) GTEST_SKIP() << "this build has no avx2 and avx512 copies";
   if (!ops::direct::set_enabled(true)) GTEST_SKIP() << "the direct kernels are off";
+  struct WinogradOff {  // these layers' 3x3 passes are the direct kernels' here, not Winograd's
+    bool was = ops::direct::set_winograd(false);
+    ~WinogradOff() { ops::direct::set_winograd(was); }
+  } winograd_off;
   auto pool = replica::testing::test_pool();
   // K = 16 (one zmm block), K = 80 (two blocks of 32 and one of 16), K = 24 (16 and the ymm 8).
   for (Geom c : {Geom{2, 28, 28, 16, 16, 3, 1, 1}, Geom{1, 28, 28, 72, 80, 3, 1, 1}, Geom{2, 9, 9, 8, 24, 5, 1, 2}}) {
