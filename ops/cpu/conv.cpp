@@ -281,11 +281,15 @@ void direct_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
 // padded copy) into `out` (N x H x W x Kout) with the transformed filter `transform` makes, a
 // chunk of images per task; the forward pass and backward data are both one.
 void run_winograd(const Tensor& in, int64_t Cin, const Tensor& w, const Tensor& out, int64_t Kout,
-                  void (*transform)(const float*, float*, const ConvGeom&), const ConvGeom& g, MemoryPool& ws) {
+                  void (*transform)(const float*, float*, int64_t, int64_t, float*), const ConvGeom& g,
+                  MemoryPool& ws) {
   const ChunkPlan cp(g, ws, false);
   const Tensor wf = filter_f32(w, ws);
   Workspace u(ws, static_cast<size_t>(16 * Cin * Kout) * sizeof(float));
-  transform(wf.data<float>(), u.p, g);
+  {
+    Workspace tmp(ws, static_cast<size_t>(9 * g.C * g.K) * sizeof(float));
+    transform(wf.data<float>(), u.p, g.C, g.K, tmp.p);
+  }
   ChunkView I(in, g.H * g.W * Cin, cp, ws, ChunkView::in), O(out, g.H * g.W * Kout, cp, ws, ChunkView::out);
   std::vector<std::unique_ptr<Workspace>> scratch;
   for (int t = 0; t < cp.threads; ++t)
@@ -314,7 +318,8 @@ void winograd_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& d
     const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
     winograd::backward_filter(X.get(n0, nb, t), DY.get(n0, nb, t), nb, g.H, g.W, g.C, g.K, partial[t]->p, scratch[t]->p);
   });
-  for (int t = 0; t < cp.threads; ++t) direct::winograd_filter_gradient(partial[t]->p, dw.data<float>(), g);
+  Workspace tmp(ws, static_cast<size_t>(9 * g.C * g.K) * sizeof(float));
+  for (int t = 0; t < cp.threads; ++t) winograd::filter_gradient(partial[t]->p, dw.data<float>(), g.C, g.K, tmp.p);
 }
 
 }  // namespace
@@ -327,7 +332,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
   if (kHasDirect && direct::serves_winograd(g))
-    return run_winograd(x, g.C, w, y, g.K, direct::winograd_filter_forward, g, ws);
+    return run_winograd(x, g.C, w, y, g.K, winograd::filter_forward, g, ws);
   if (kHasDirect && direct::serves_forward(g)) return direct_forward(x, w, y, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
@@ -351,7 +356,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
   if (kHasDirect && direct::serves_winograd(g))
-    return run_winograd(dy, g.K, w, dx, g.C, direct::winograd_filter_backward_data, g, ws);
+    return run_winograd(dy, g.K, w, dx, g.C, winograd::filter_backward_data, g, ws);
   if (kHasDirect && direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk, HWC = g.H * g.W * g.C;
@@ -383,7 +388,7 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
-  if (kHasDirect && direct::serves_winograd(g)) return winograd_backward_filter(x, dy, dw, g, ws);
+  if (kHasDirect && direct::serves_winograd_filter(g)) return winograd_backward_filter(x, dy, dw, g, ws);
   if (kHasDirect && direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;

@@ -53,13 +53,19 @@ bool set_winograd(bool on) { return winograd().exchange(on); }
 // Measured per ResNet-20 layer (`replica_bench_model`, bench/RESULTS.md): 1.35-1.4x the direct
 // kernel's forward and backward data at 32 x 32 and 64 x 64 channels, 1.2x its weight gradient;
 // at 16 x 16 the transforms and the 16-long reductions eat the saving (forward 1.0x, weight
-// gradient 0.87x), so those layers keep the direct kernels. Above 64 x 64 the transformed filter
-// (16 C K floats) leaves L2 and every block of tiles would stream it again.
+// gradient 0.87x), so those layers keep the direct kernels. On ResNet-50's (batch 16): forward
+// and backward data 1.76x at 64 x 64 channels (56 x 56), 1.7x at 128 x 128, 1.5x at 256 x 256;
+// at 512 x 512 (7 x 7, 16 tiles an image, a 16 MiB transformed filter) forward 0.77x: not served.
 bool serves_winograd(const ConvGeom& g) {
   const int64_t pairs = g.C * g.K;
   return available() && winograd_enabled() && g.R == 3 && g.S == 3 && g.stride == 1 && g.pad == 1 &&
-         g.C % 8 == 0 && g.K % 8 == 0 && pairs >= 512 && pairs <= 64 * 64;
+         g.C % 8 == 0 && g.K % 8 == 0 && pairs >= 512 && pairs <= 256 * 256;
 }
+
+// The weight gradient keeps a transformed-domain partial (16 C K floats) that every block of
+// tiles loads and stores: above 64 x 64 channels it leaves L2 and the direct kernel or the GEMM
+// serve instead.
+bool serves_winograd_filter(const ConvGeom& g) { return serves_winograd(g) && g.C * g.K <= 64 * 64; }
 
 bool serves_forward(const ConvGeom& g) { return available() && g.K % 8 == 0; }
 
@@ -102,55 +108,6 @@ void pack_backward_data(const float* w, float* out, const ConvGeom& g) {
     const int64_t k = i % g.K, s = (i / g.K) % g.S, r = i / (g.K * g.S);
     return w[((k * g.R + (g.R - 1 - r)) * g.S + (g.S - 1 - s)) * g.C + c];
   });
-}
-
-namespace {
-// G = | 1    0    0   |   (F(2x2, 3x3); ops/cpu/winograd_kernels.cpp has the whole algorithm)
-//     | 1/2  1/2  1/2 |
-//     | 1/2 -1/2  1/2 |
-//     | 0    0    1   |
-constexpr float kG[4][3] = {{1.f, 0.f, 0.f}, {.5f, .5f, .5f}, {.5f, -.5f, .5f}, {0.f, 0.f, 1.f}};
-
-// u[p][ci][ko] = (G g G^T)[p] with g[r][s] = at(ci, ko, r, s), for every channel pair.
-template <typename At>
-void transform_filter(int64_t Cin, int64_t Kout, float* u, At at) {
-  for (int64_t ci = 0; ci < Cin; ++ci)
-    for (int64_t ko = 0; ko < Kout; ++ko) {
-      float t[4][3];  // G g
-      for (int i = 0; i < 4; ++i)
-        for (int s = 0; s < 3; ++s)
-          t[i][s] = kG[i][0] * at(ci, ko, 0, s) + kG[i][1] * at(ci, ko, 1, s) + kG[i][2] * at(ci, ko, 2, s);
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j)
-          u[((i * 4 + j) * Cin + ci) * Kout + ko] = t[i][0] * kG[j][0] + t[i][1] * kG[j][1] + t[i][2] * kG[j][2];
-    }
-}
-}  // namespace
-
-void winograd_filter_forward(const float* w, float* u, const ConvGeom& g) {
-  transform_filter(g.C, g.K, u, [&](int64_t c, int64_t k, int64_t r, int64_t s) { return w[((k * 3 + r) * 3 + s) * g.C + c]; });
-}
-
-void winograd_filter_backward_data(const float* w, float* u, const ConvGeom& g) {
-  // Input channel k of dy, output channel c of dx: the flipped filter w[k][2-r][2-s][c].
-  transform_filter(g.K, g.C, u,
-                   [&](int64_t k, int64_t c, int64_t r, int64_t s) { return w[((k * 3 + 2 - r) * 3 + 2 - s) * g.C + c]; });
-}
-
-void winograd_filter_gradient(const float* du, float* dw, const ConvGeom& g) {
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t k = 0; k < g.K; ++k) {
-      float t[3][4];  // G^T du
-      for (int r = 0; r < 3; ++r)
-        for (int j = 0; j < 4; ++j) {
-          float sum = 0.f;
-          for (int i = 0; i < 4; ++i) sum += kG[i][r] * du[((i * 4 + j) * g.C + c) * g.K + k];
-          t[r][j] = sum;
-        }
-      for (int r = 0; r < 3; ++r)
-        for (int s = 0; s < 3; ++s)
-          dw[((k * 3 + r) * 3 + s) * g.C + c] += t[r][0] * kG[0][s] + t[r][1] * kG[1][s] + t[r][2] * kG[2][s] + t[r][3] * kG[3][s];
-    }
 }
 
 }  // namespace replica::ops::direct

@@ -31,22 +31,17 @@ bool serves_forward(const ConvGeom& g);
 bool serves_backward_data(const ConvGeom& g);
 
 // Winograd F(2x2, 3x3) (ops/cpu/winograd_kernels.h) for all three passes of a layer: 3x3, stride 1,
-// padding 1, input and output channels multiples of 8, C K between 512 and 64 x 64 (below, the
-// direct kernel is as fast; above, the transformed filter, 16 C K floats, leaves L2). On by default where the direct kernels run;
+// padding 1, input and output channels multiples of 8, C K between 512 and 256 x 256 (below, the
+// direct kernel is as fast; above, at ResNet-50's 512 channels, it is slower), and the weight
+// gradient up to 64 x 64 (serves_winograd_filter). On by default where the direct kernels run;
 // REPLICA_WINOGRAD=0 (or set_winograd) leaves those layers to the direct kernels. Its sums differ
 // from the direct kernel's in the last bits (a different order and the transforms' roundings),
 // within the same error bound relative to the sum of |terms| (tests/ops/test_conv_kernels.cpp).
 bool winograd_enabled();
 bool set_winograd(bool on);
 bool serves_winograd(const ConvGeom& g);
-
-// The transformed filters, 16 x C_in x K_out floats (position p = 4 i + j of the 4x4 tile):
-// G g G^T of each (input, output) channel pair. Forward: C_in = C, K_out = K. Backward data (the
-// forward convolution of dy with the flipped filter): C_in = K, K_out = C.
-void winograd_filter_forward(const float* w_krsc, float* u, const ConvGeom& g);
-void winograd_filter_backward_data(const float* w_krsc, float* u, const ConvGeom& g);
-// dw (KRSC) += G^T du G, du the transformed-domain weight gradient (16 x C x K).
-void winograd_filter_gradient(const float* du, float* dw_krsc, const ConvGeom& g);
+// The weight gradient by Winograd: the layers serves_winograd takes, up to 64 x 64 channels.
+bool serves_winograd_filter(const ConvGeom& g);
 
 // Backward filter: output channels a multiple of 8, and at most 64 channels in and out or at
 // least 28 x 28 output pixels (where it was measured faster than the GEMM), any stride and padding.

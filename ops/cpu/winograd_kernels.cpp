@@ -24,14 +24,94 @@ namespace replica::ops::REPLICA_CPU_ISA_NS::winograd {
 
 namespace {
 // Tiles per block: the block's transformed input and products (16 x tiles x (C + K) floats) in
-// about 128 KiB, a multiple of the GEMM's 6 rows.
+// about 128 KiB, a multiple of the GEMM's 6 rows; above 64 x 64 channels at least 24 tiles: the
+// transformed filter (16 C K floats) is then read from L3 once per block, so a block must be
+// tall enough to pay for it.
 int64_t tile_block(int64_t C, int64_t K) {
   const int64_t tiles = (int64_t(128) << 10) / (16 * (C + K) * int64_t(sizeof(float)));
-  return std::max<int64_t>(6, tiles / 6 * 6);
+  return std::max<int64_t>(C * K > 64 * 64 ? 24 : 6, tiles / 6 * 6);
 }
 }  // namespace
 
 // The block's transformed input and products, then C zeros (what input_tile reads outside an image).
+namespace {
+// G g G^T for n channel pairs at once: g[r * 3 + s][e] (tap (r, s) of pair e) into u[p][e] (p =
+// 4 i + j). Rows of G: (1, 0, 0), (1/2, 1/2, 1/2), (1/2, -1/2, 1/2), (0, 0, 1); halving is exact,
+// so the order of these sums is the only rounding.
+void transform_pairs(const float* const* g, float* const* u, int64_t n) {
+  for (int64_t e = 0; e < n; ++e) {
+    float t[4][3];  // G g: rows i, columns s
+    for (int s = 0; s < 3; ++s) {
+      const float g0 = g[s][e], g1 = g[3 + s][e], g2 = g[6 + s][e];
+      t[0][s] = g0;
+      t[1][s] = 0.5f * (g0 + g1 + g2);
+      t[2][s] = 0.5f * (g0 - g1 + g2);
+      t[3][s] = g2;
+    }
+    for (int i = 0; i < 4; ++i) {
+      u[i * 4 + 0][e] = t[i][0];
+      u[i * 4 + 1][e] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+      u[i * 4 + 2][e] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+      u[i * 4 + 3][e] = t[i][2];
+    }
+  }
+}
+}  // namespace
+
+void filter_forward(const float* w, float* u, int64_t C, int64_t K, float* wt) {
+  // w[k][r][s][c] transposed to [r][s][c][k] first, so each input channel's K pairs are contiguous.
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t t = 0; t < 9; ++t)
+      for (int64_t c = 0; c < C; ++c) wt[(t * C + c) * K + k] = w[(k * 9 + t) * C + c];
+  for (int64_t c = 0; c < C; ++c) {
+    const float* g[9];
+    float* out[16];
+    for (int t = 0; t < 9; ++t) g[t] = wt + (t * C + c) * K;
+    for (int p = 0; p < 16; ++p) out[p] = u + (p * C + c) * K;
+    transform_pairs(g, out, K);
+  }
+}
+
+void filter_backward_data(const float* w, float* u, int64_t C, int64_t K, float*) {
+  // Input channel k of dy, output channel c of dx: the flipped filter, tap (r, s) = w[k][2-r][2-s][c];
+  // for each k its C pairs are contiguous already.
+  for (int64_t k = 0; k < K; ++k) {
+    const float* g[9];
+    float* out[16];
+    for (int t = 0; t < 9; ++t) g[t] = w + (k * 9 + (8 - t)) * C;
+    for (int p = 0; p < 16; ++p) out[p] = u + (p * K + k) * C;
+    transform_pairs(g, out, C);
+  }
+}
+
+void filter_gradient(const float* du, float* dw, int64_t C, int64_t K, float* dt) {
+  // G^T du G for each input channel's K pairs (contiguous in du), into [r][s][c][k], then added
+  // to dw[k][r][s][c].
+  for (int64_t c = 0; c < C; ++c) {
+    const float* d[16];
+    for (int p = 0; p < 16; ++p) d[p] = du + (p * C + c) * K;
+    float* out[9];
+    for (int t = 0; t < 9; ++t) out[t] = dt + (t * C + c) * K;
+    for (int64_t k = 0; k < K; ++k) {
+      float t[3][4];  // G^T du: rows r, columns j
+      for (int j = 0; j < 4; ++j) {
+        const float d0 = d[j][k], d1 = d[4 + j][k], d2 = d[8 + j][k], d3 = d[12 + j][k];
+        t[0][j] = d0 + 0.5f * (d1 + d2);
+        t[1][j] = 0.5f * (d1 - d2);
+        t[2][j] = 0.5f * (d1 + d2) + d3;
+      }
+      for (int r = 0; r < 3; ++r) {
+        out[r * 3 + 0][k] = t[r][0] + 0.5f * (t[r][1] + t[r][2]);
+        out[r * 3 + 1][k] = 0.5f * (t[r][1] - t[r][2]);
+        out[r * 3 + 2][k] = 0.5f * (t[r][1] + t[r][2]) + t[r][3];
+      }
+    }
+  }
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t t = 0; t < 9; ++t)
+      for (int64_t c = 0; c < C; ++c) dw[(k * 9 + t) * C + c] += dt[(t * C + c) * K + k];
+}
+
 int64_t scratch_floats(int64_t C, int64_t K) { return 16 * tile_block(C, K) * (C + K) + C; }
 
 #if defined(__AVX2__) && defined(__FMA__)

@@ -14,19 +14,30 @@
 
 namespace replica::ops::REPLICA_CPU_ISA_NS::winograd {
 
+// The transformed filters, 16 x C_in x K_out floats (position p = 4 i + j of the 4x4 tile):
+// G g G^T of each (input, output) channel pair, from a KRSC 3x3 filter of C input and K output
+// channels. Forward: C_in = C, K_out = K. Backward data (the forward convolution of dy with the
+// flipped filter): C_in = K, K_out = C. Small (once per call), but per call: written so the
+// inner loops run over contiguous channels and vectorise with the copy's flags. tmp: 9 C K
+// floats of scratch (a transposed copy; backward data needs none).
+void filter_forward(const float* w_krsc, float* u, int64_t C, int64_t K, float* tmp);
+void filter_backward_data(const float* w_krsc, float* u, int64_t C, int64_t K, float* tmp);
+// dw (KRSC) += G^T du G, du the transformed-domain weight gradient (16 x C x K).
+void filter_gradient(const float* du, float* dw_krsc, int64_t C, int64_t K, float* tmp);
+
 // Floats of scratch one thread needs for C input and K output channels (the transformed input
 // and products of one block of tiles).
 int64_t scratch_floats(int64_t C, int64_t K);
 
 // y (N x H x W x K) = x (N x H x W x C, read with an implicit zero border of 1) convolved with
-// the transformed filter u (16 x C x K: direct::winograd_filter_*), overwritten. The same pass
+// the transformed filter u (16 x C x K: filter_forward or filter_backward_data), overwritten. The same pass
 // serves backward data (dy in, the flipped filter's transform).
 void forward(const float* x, int64_t N, int64_t H, int64_t W, int64_t C, const float* u, int64_t K, float* y,
              float* scratch);
 
 // The weight gradient in the transformed domain: du (16 x C x K) += over every tile of every
 // image, the input's transform times the transposed output transform of dy (N x H x W x K).
-// direct::winograd_filter_gradient turns du into a KRSC gradient.
+// filter_gradient turns du into a KRSC gradient.
 void backward_filter(const float* x, const float* dy, int64_t N, int64_t H, int64_t W, int64_t C, int64_t K,
                      float* du, float* scratch);
 

@@ -170,12 +170,12 @@ TEST_P(ConvKernels, MatchDoublePrecision) {
   EXPECT_LT(ey, kTol) << "forward";
   EXPECT_LT(edx, kTol) << "backward data";
   EXPECT_LT(edw, kTol) << "backward filter (+= onto a random gradient)";
-  const bool d = use_direct, wino = d && ops::direct::serves_winograd(g);
+  const bool d = use_direct, wino = d && ops::direct::serves_winograd(g), wino_f = d && ops::direct::serves_winograd_filter(g);
   std::printf("%-28s %-8s %s  fwd %.1e (%s)  bwd-data %.1e (%s)  bwd-filter %.1e (%s)\n", name_of(c).c_str(),
               path.copy.c_str(), d ? "direct-capable" : "im2col", ey,
               wino ? "winograd" : d && ops::direct::serves_forward(g) ? "direct" : "im2col", edx,
               wino ? "winograd" : d && ops::direct::serves_backward_data(g) ? "direct" : "im2col", edw,
-              wino ? "winograd" : d && ops::direct::serves_backward_filter(g) ? "direct" : "im2col");
+              wino_f ? "winograd" : d && ops::direct::serves_backward_filter(g) ? "direct" : "im2col");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -196,7 +196,9 @@ INSTANTIATE_TEST_SUITE_P(
                                          // Winograd: odd sizes (edge tiles cut on both sides), K
                                          // = 16 + 8 and C = 8 (GEMM tails), 147 tiles over blocks
                                          Geom{2, 7, 9, 16, 32, 3, 1, 1}, Geom{2, 5, 6, 24, 24, 3, 1, 1},
-                                         Geom{3, 7, 7, 8, 64, 3, 1, 1}, Geom{3, 14, 14, 32, 32, 3, 1, 1}),
+                                         Geom{3, 7, 7, 8, 64, 3, 1, 1}, Geom{3, 14, 14, 32, 32, 3, 1, 1},
+                                         // Winograd's data passes above 64 x 64 (weight gradient direct)
+                                         Geom{2, 6, 7, 72, 80, 3, 1, 1}),
                        ::testing::ValuesIn(paths())),
     [](const ::testing::TestParamInfo<std::tuple<Geom, Path>>& i) {
       const Path& p = std::get<1>(i.param);
@@ -252,22 +254,28 @@ TEST(ConvKernels16, DirectAndIm2colAgreeOnBf16AndF16) {
   }
 }
 
-// Which layers Winograd serves: ResNet-20's 3x3 stride-1 layers of 32 and 64 channels (and
-// ResNet-50's 64-channel ones); not 16 x 16, stride 2, 1x1, the one-channel stem, or 128 channels.
+// Which layers Winograd serves: ResNet-20's 3x3 stride-1 layers of 32 and 64 channels, ResNet-50's
+// of 64 to 256 (the weight gradient up to 64); not 16 x 16, stride 2, 1x1, the one-channel stem,
+// or 512 channels.
 TEST(ConvKernels, WinogradServesThe3x3Stride1LayersItWasMeasuredToWinOn) {
   if (!ops::direct::available()) GTEST_SKIP() << "no AVX2/FMA: neither the direct kernels nor Winograd run";
   const bool was = ops::direct::set_winograd(true);
   auto serves = [](Shape in, int64_t K, int64_t R, int64_t stride, int64_t pad) {
     return ops::direct::serves_winograd(ops::ConvGeom::make(in, K, R, R, stride, pad, "test"));
   };
-  EXPECT_TRUE(serves({64, 14, 14, 32}, 32, 3, 1, 1));
-  EXPECT_TRUE(serves({64, 7, 7, 64}, 64, 3, 1, 1));
-  EXPECT_TRUE(serves({16, 56, 56, 64}, 64, 3, 1, 1));
+  auto serves_filter = [](Shape in, int64_t K) {
+    return ops::direct::serves_winograd_filter(ops::ConvGeom::make(in, K, 3, 3, 1, 1, "test"));
+  };
+  EXPECT_TRUE(serves({64, 14, 14, 32}, 32, 3, 1, 1) && serves_filter({64, 14, 14, 32}, 32));
+  EXPECT_TRUE(serves({64, 7, 7, 64}, 64, 3, 1, 1) && serves_filter({64, 7, 7, 64}, 64));
+  EXPECT_TRUE(serves({16, 56, 56, 64}, 64, 3, 1, 1) && serves_filter({16, 56, 56, 64}, 64));
+  EXPECT_TRUE(serves({16, 28, 28, 128}, 128, 3, 1, 1) && !serves_filter({16, 28, 28, 128}, 128));
+  EXPECT_TRUE(serves({16, 14, 14, 256}, 256, 3, 1, 1) && !serves_filter({16, 14, 14, 256}, 256));
+  EXPECT_FALSE(serves({16, 7, 7, 512}, 512, 3, 1, 1));
   EXPECT_FALSE(serves({64, 28, 28, 16}, 16, 3, 1, 1));
   EXPECT_FALSE(serves({64, 28, 28, 16}, 32, 3, 2, 1));
   EXPECT_FALSE(serves({64, 14, 14, 32}, 64, 1, 2, 0));
   EXPECT_FALSE(serves({64, 28, 28, 1}, 16, 3, 1, 1));
-  EXPECT_FALSE(serves({16, 28, 28, 128}, 128, 3, 1, 1));
   EXPECT_FALSE(serves({64, 14, 14, 32}, 32, 3, 1, 0));
   ops::direct::set_winograd(false);
   EXPECT_FALSE(serves({64, 14, 14, 32}, 32, 3, 1, 1)) << "REPLICA_WINOGRAD=0 / set_winograd(false) turns it off";
