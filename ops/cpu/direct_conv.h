@@ -31,9 +31,9 @@ bool serves_forward(const ConvGeom& g);
 bool serves_backward_data(const ConvGeom& g);
 
 // Winograd F(2x2, 3x3) (ops/cpu/winograd_kernels.h) for all three passes of a layer: 3x3, stride 1,
-// padding 1, input and output channels multiples of 8, C K between 512 and 256 x 256 (below, the
-// direct kernel is as fast; above, at ResNet-50's 512 channels, it is slower), and the weight
-// gradient up to 64 x 64 (serves_winograd_filter). On by default where the direct kernels run;
+// padding 1, input and output channels multiples of 8, C K between 16 x 16 and 256 x 256 (above,
+// at ResNet-50's 512 channels, it is slower than the direct kernel), and the weight gradient up
+// to 64 x 64 (serves_winograd_filter). On by default where the direct kernels run;
 // REPLICA_WINOGRAD=0 (or set_winograd) leaves those layers to the direct kernels. Its sums differ
 // from the direct kernel's in the last bits (a different order and the transforms' roundings),
 // within the same error bound relative to the sum of |terms| (tests/ops/test_conv_kernels.cpp).

@@ -206,16 +206,19 @@ INSTANTIATE_TEST_SUITE_P(
              (p.winograd ? "_winograd" : "");
     });
 
-// 16-bit activations reach the direct kernels (and Winograd's, K = 32) a chunk at a time
+// 16-bit activations reach the direct kernels (and Winograd's) a chunk at a time
 // (converted to f32 and back): the result must be the f32 result of the same rounded inputs,
 // rounded once.
 TEST(ConvKernels16, DirectAndIm2colAgreeOnBf16AndF16) {
   if (!ops::direct::set_enabled(true)) GTEST_SKIP() << "no AVX2/FMA: the direct kernels do not run";
   auto pool = replica::testing::test_pool();
   auto& be = ops::backend_for(pool->device());
-  for (int64_t K : {24, 32}) {
+  const bool winograd_before = ops::direct::winograd_enabled();
+  for (bool winograd : {false, true}) {
+  ops::direct::set_winograd(winograd);
+  const int64_t K = 24;
   const auto g = ops::ConvGeom::make({3, 10, 10, 16}, K, 3, 3, 1, 1, "test");
-  EXPECT_EQ(ops::direct::serves_winograd(g), K == 32 && ops::direct::winograd_enabled());
+  EXPECT_EQ(ops::direct::serves_winograd(g), winograd);
   for (DType dt : {DType::bf16, DType::f16}) {
     std::mt19937 rng(9);
     auto half = [&](std::vector<float> v, Shape s) {
@@ -248,14 +251,15 @@ TEST(ConvKernels16, DirectAndIm2colAgreeOnBf16AndF16) {
       for (size_t i = 0; i < out[0][o].size(); ++i) {
         const double a = out[0][o][i], b = out[1][o][i];
         ASSERT_LE(std::abs(a - b), (o == 2 ? 1e-4 : ulp) * std::max(1.0, std::abs(b)))
-            << what[o] << " " << dtype_name(dt) << " K " << K << " element " << i;
+            << what[o] << " " << dtype_name(dt) << (winograd ? " Winograd" : " direct") << " element " << i;
       }
   }
   }
+  ops::direct::set_winograd(winograd_before);
 }
 
-// Which layers Winograd serves: ResNet-20's 3x3 stride-1 layers of 32 and 64 channels, ResNet-50's
-// of 64 to 256 (the weight gradient up to 64); not 16 x 16, stride 2, 1x1, the one-channel stem,
+// Which layers Winograd serves: ResNet-20's 3x3 stride-1 layers of 16 to 64 channels, ResNet-50's
+// of 64 to 256 (the weight gradient up to 64); not 8 x 16, stride 2, 1x1, the one-channel stem,
 // or 512 channels.
 TEST(ConvKernels, WinogradServesThe3x3Stride1LayersItWasMeasuredToWinOn) {
   if (!ops::direct::available()) GTEST_SKIP() << "no AVX2/FMA: neither the direct kernels nor Winograd run";
@@ -272,7 +276,8 @@ TEST(ConvKernels, WinogradServesThe3x3Stride1LayersItWasMeasuredToWinOn) {
   EXPECT_TRUE(serves({16, 28, 28, 128}, 128, 3, 1, 1) && !serves_filter({16, 28, 28, 128}, 128));
   EXPECT_TRUE(serves({16, 14, 14, 256}, 256, 3, 1, 1) && !serves_filter({16, 14, 14, 256}, 256));
   EXPECT_FALSE(serves({16, 7, 7, 512}, 512, 3, 1, 1));
-  EXPECT_FALSE(serves({64, 28, 28, 16}, 16, 3, 1, 1));
+  EXPECT_TRUE(serves({64, 28, 28, 16}, 16, 3, 1, 1) && serves_filter({64, 28, 28, 16}, 16));
+  EXPECT_FALSE(serves({4, 9, 9, 8}, 16, 3, 1, 1));
   EXPECT_FALSE(serves({64, 28, 28, 16}, 32, 3, 2, 1));
   EXPECT_FALSE(serves({64, 14, 14, 32}, 64, 1, 2, 0));
   EXPECT_FALSE(serves({64, 28, 28, 1}, 16, 3, 1, 1));
