@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/errors.h"
@@ -286,9 +287,10 @@ void run_winograd(const Tensor& in, int64_t Cin, const Tensor& w, const Tensor& 
   const ChunkPlan cp(g, ws, false);
   const Tensor wf = filter_f32(w, ws);
   Workspace u(ws, static_cast<size_t>(16 * Cin * Kout) * sizeof(float));
-  {
-    Workspace tmp(ws, static_cast<size_t>(9 * g.C * g.K) * sizeof(float));
-    transform(wf.data<float>(), u.p, g.C, g.K, tmp.p);
+  {  // the forward transform's transposed copy (backward data reads the filter in place)
+    std::optional<Workspace> tmp;
+    if (transform != winograd::filter_backward_data) tmp.emplace(ws, static_cast<size_t>(9 * g.C * g.K) * sizeof(float));
+    transform(wf.data<float>(), u.p, g.C, g.K, tmp ? tmp->p : nullptr);
   }
   ChunkView I(in, g.H * g.W * Cin, cp, ws, ChunkView::in), O(out, g.H * g.W * Kout, cp, ws, ChunkView::out);
   std::vector<std::unique_ptr<Workspace>> scratch;

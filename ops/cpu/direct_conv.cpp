@@ -54,9 +54,8 @@ bool set_winograd(bool on) { return winograd().exchange(on); }
 // kernel's forward and backward data at 32 x 32 and 64 x 64 channels, 1.2x its weight gradient;
 // at 16 x 16 1.1-1.5x once the tile loops lost their per-tile divisions and bounds checks (the
 // whole ResNet-20 step 1.02-1.07x with it); smaller pairs were not measured (no model here has
-// them). On ResNet-50's (batch 16): forward
-// and backward data 1.76x at 64 x 64 channels (56 x 56), 1.7x at 128 x 128, 1.5x at 256 x 256;
-// at 512 x 512 (7 x 7, 16 tiles an image, a 16 MiB transformed filter) forward 0.77x: not served.
+// them). On ResNet-50's (batch 16): forward and backward data 1.76x at 64 x 64 channels
+// (56 x 56), 1.7x at 128 x 128, 1.5x at 256 x 256; at 512 x 512 (7 x 7, 16 tiles an image, a 16 MiB transformed filter) forward 0.77x: not served.
 bool serves_winograd(const ConvGeom& g) {
   const int64_t pairs = g.C * g.K;
   return available() && winograd_enabled() && g.R == 3 && g.S == 3 && g.stride == 1 && g.pad == 1 &&

@@ -2,7 +2,7 @@
 // stride 1, padding 1, channels a multiple of 8, NHWC. Each 2x2 output tile costs 16 products per
 // (input, output) channel pair instead of the direct kernel's 36 (2.25x fewer FMAs), paid for by
 // cheap input and output transforms (adds over 8-channel vectors). direct_conv.h says when a layer
-// takes this path and transforms the filters (host code: small); these are the per-image loops.
+// takes this path; these are the filter transforms and the loops over a chunk of images.
 // Compiled with the copy's flags; the baseline copy's entry points throw (conv.cpp never calls
 // them there).
 #pragma once
