@@ -3,8 +3,8 @@
 // (input, output) channel pair instead of the direct kernel's 36 (2.25x fewer FMAs), paid for by
 // cheap input and output transforms (adds over 8-channel vectors). direct_conv.h says when a layer
 // takes this path; these are the filter transforms and the loops over a chunk of images.
-// Compiled with the copy's flags; the baseline copy's entry points throw (conv.cpp never calls
-// them there).
+// Compiled with the copy's flags; the filter transforms are portable C++, while the baseline
+// copy's forward and backward_filter throw (conv.cpp never calls them there).
 #pragma once
 #include <cstdint>
 
