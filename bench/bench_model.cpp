@@ -182,11 +182,16 @@ int main(int argc, char** argv) {
     };
     int64_t M = c.N * g.P * g.Q, K = c.R * c.R * c.C;
     MatR A = MatR::Constant(M, K, 0.01f), B = MatR::Constant(c.K, K, 0.01f), C(M, c.K);
-    // Layers Winograd serves are timed both ways, alternated (REPLICA_WINOGRAD=0 is the direct row).
+    // Layers Winograd serves are timed three ways, one after the other: the direct kernels
+    // (REPLICA_WINOGRAD=0), F(2x2, 3x3) and F(4x4, 3x3) (REPLICA_WINOGRAD_TILE=2 / 4).
     const bool both = ops::direct::serves_winograd(g);
     const bool winograd_was = ops::direct::winograd_enabled();
-    for (int path = both ? 0 : 1; path < 2; ++path) {
-      if (both) ops::direct::set_winograd(path == 1);
+    const int tile_was = ops::direct::set_winograd_tile(0);
+    for (int path = both ? 0 : 2; path < 3; ++path) {
+      if (both) {
+        ops::direct::set_winograd(path > 0);
+        ops::direct::set_winograd_tile(path == 1 ? 2 : 4);
+      }
       double f = time([&] { be.conv2d_forward(in, w, out, g, *pool); });
       double bd = time([&] { be.conv2d_backward_data(out, w, dx, g, *pool); });
       double bf = time([&] {
@@ -194,10 +199,11 @@ int main(int argc, char** argv) {
         be.conv2d_backward_filter(in, out, dw, g, *pool);
       });
       double gemm = time([&] { C.noalias() = A * B.transpose(); });
+      const char* label[] = {"  direct", "  winograd 2x2", "  winograd 4x4"};
       std::printf("  (%3ld,%3ld,%3ld,%3ld->%3ld, %ldx%ld, s%ld)  %5d  %8.1f  %13.1f  %15.1f  %9.1f%s\n", c.N, c.H, c.W,
-                  c.C, c.K, c.R, c.R, c.stride, count, f, bd, bf, gemm,
-                  both ? (path ? "  winograd" : "  direct") : "");
+                  c.C, c.K, c.R, c.R, c.stride, count, f, bd, bf, gemm, both ? label[path] : "");
     }
+    ops::direct::set_winograd_tile(tile_was);
     ops::direct::set_winograd(winograd_was);
   }
   return 0;

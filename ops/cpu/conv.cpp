@@ -278,50 +278,51 @@ void direct_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
   }
 }
 
-// Winograd F(2x2, 3x3) (winograd_kernels.h): `in` (N x H x W x Cin, zero border of 1 implied, no
-// padded copy) into `out` (N x H x W x Kout) with the transformed filter `transform` makes, a
+// Winograd F(m x m, 3x3) (winograd_kernels.h): `in` (N x H x W x Cin, zero border of 1 implied,
+// no padded copy) into `out` (N x H x W x Kout) with the transformed filter `transform` makes, a
 // chunk of images per task; the forward pass and backward data are both one.
 void run_winograd(const Tensor& in, int64_t Cin, const Tensor& w, const Tensor& out, int64_t Kout,
-                  void (*transform)(const float*, float*, int64_t, int64_t, float*), const ConvGeom& g,
+                  void (*transform)(const float*, float*, int64_t, int64_t, float*, int), int m, const ConvGeom& g,
                   MemoryPool& ws) {
   const ChunkPlan cp(g, ws, false);
   const Tensor wf = filter_f32(w, ws);
-  Workspace u(ws, static_cast<size_t>(16 * Cin * Kout) * sizeof(float));
+  Workspace u(ws, static_cast<size_t>(winograd::transformed_floats(Cin, Kout, m)) * sizeof(float));
   {  // the forward transform's transposed copy (backward data reads the filter in place)
     std::optional<Workspace> tmp;
     if (transform != winograd::filter_backward_data) tmp.emplace(ws, static_cast<size_t>(9 * g.C * g.K) * sizeof(float));
-    transform(wf.data<float>(), u.p, g.C, g.K, tmp ? tmp->p : nullptr);
+    transform(wf.data<float>(), u.p, g.C, g.K, tmp ? tmp->p : nullptr, m);
   }
   ChunkView I(in, g.H * g.W * Cin, cp, ws, ChunkView::in), O(out, g.H * g.W * Kout, cp, ws, ChunkView::out);
   std::vector<std::unique_ptr<Workspace>> scratch;
   for (int t = 0; t < cp.threads; ++t)
-    scratch.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(winograd::scratch_floats(Cin, Kout)) * sizeof(float)));
+    scratch.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(winograd::scratch_floats(Cin, Kout, m)) * sizeof(float)));
   for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
-    winograd::forward(I.get(n0, nb, t), nb, g.H, g.W, Cin, u.p, Kout, O.get(n0, nb, t), scratch[t]->p);
+    winograd::forward(I.get(n0, nb, t), nb, g.H, g.W, Cin, u.p, Kout, O.get(n0, nb, t), scratch[t]->p, m);
     O.put(n0, nb, t);
   });
 }
 
-// The Winograd weight gradient: one transformed-domain partial (16 x C x K) per thread, zeroed,
+// The Winograd weight gradient: one transformed-domain partial ((m + 2)^2 x C x K) per thread, zeroed,
 // each chunk's tiles accumulated into its thread's; the partials are brought back to KRSC and
 // added to dw in thread order (deterministic for a given thread count, as the other paths).
-void winograd_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const ConvGeom& g, MemoryPool& ws) {
+void winograd_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, int m, const ConvGeom& g,
+                              MemoryPool& ws) {
   const ChunkPlan cp(g, ws, false);
-  const size_t du_floats = static_cast<size_t>(16 * g.C * g.K);
+  const size_t du_floats = static_cast<size_t>(winograd::transformed_floats(g.C, g.K, m));
   ChunkView X(x, g.H * g.W * g.C, cp, ws, ChunkView::in), DY(dy, g.H * g.W * g.K, cp, ws, ChunkView::in);
   std::vector<std::unique_ptr<Workspace>> partial, scratch;
   for (int t = 0; t < cp.threads; ++t) {
     partial.push_back(std::make_unique<Workspace>(ws, du_floats * sizeof(float)));
     std::memset(partial.back()->p, 0, du_floats * sizeof(float));
-    scratch.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(winograd::scratch_floats(g.C, g.K)) * sizeof(float)));
+    scratch.push_back(std::make_unique<Workspace>(ws, static_cast<size_t>(winograd::scratch_floats(g.C, g.K, m)) * sizeof(float)));
   }
   for_chunks(cp.nchunks, cp.threads, [&](int64_t c, int t) {
     const int64_t n0 = c * cp.chunk, nb = std::min(cp.chunk, g.N - n0);
-    winograd::backward_filter(X.get(n0, nb, t), DY.get(n0, nb, t), nb, g.H, g.W, g.C, g.K, partial[t]->p, scratch[t]->p);
+    winograd::backward_filter(X.get(n0, nb, t), DY.get(n0, nb, t), nb, g.H, g.W, g.C, g.K, partial[t]->p, scratch[t]->p, m);
   });
   Workspace tmp(ws, static_cast<size_t>(9 * g.C * g.K) * sizeof(float));
-  for (int t = 0; t < cp.threads; ++t) winograd::filter_gradient(partial[t]->p, dw.data<float>(), g.C, g.K, tmp.p);
+  for (int t = 0; t < cp.threads; ++t) winograd::filter_gradient(partial[t]->p, dw.data<float>(), g.C, g.K, tmp.p, m);
 }
 
 }  // namespace
@@ -333,8 +334,8 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
                                 MemoryPool& ws) {
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
-  if (kHasDirect && direct::serves_winograd(g))
-    return run_winograd(x, g.C, w, y, g.K, winograd::filter_forward, g, ws);
+  if (const int m = kHasDirect ? direct::winograd_tile(g) : 0)
+    return run_winograd(x, g.C, w, y, g.K, winograd::filter_forward, m, g, ws);
   if (kHasDirect && direct::serves_forward(g)) return direct_forward(x, w, y, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;
@@ -357,8 +358,8 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
                                       const ConvGeom& g, MemoryPool& ws) {
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
-  if (kHasDirect && direct::serves_winograd(g))
-    return run_winograd(dy, g.K, w, dx, g.C, winograd::filter_backward_data, g, ws);
+  if (const int m = kHasDirect ? direct::winograd_tile(g) : 0)
+    return run_winograd(dy, g.K, w, dx, g.C, winograd::filter_backward_data, m, g, ws);
   if (kHasDirect && direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk, HWC = g.H * g.W * g.C;
@@ -390,7 +391,7 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
-  if (kHasDirect && direct::serves_winograd_filter(g)) return winograd_backward_filter(x, dy, dw, g, ws);
+  if (const int m = kHasDirect ? direct::winograd_filter_tile(g) : 0) return winograd_backward_filter(x, dy, dw, m, g, ws);
   if (kHasDirect && direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/cpu_features.h"
 #include "core/env.h"
@@ -50,22 +52,58 @@ bool winograd_enabled() { return winograd().load(std::memory_order_relaxed); }
 
 bool set_winograd(bool on) { return winograd().exchange(on); }
 
-// Measured per ResNet-20 layer (`replica_bench_model`, bench/RESULTS.md): 1.35-1.4x the direct
-// kernel's forward and backward data at 32 x 32 and 64 x 64 channels, 1.2x its weight gradient;
-// at 16 x 16 1.1-1.5x once the tile loops lost their per-tile divisions and bounds checks (the
-// whole ResNet-20 step 1.02-1.07x with it); smaller pairs were not measured (no model here has
-// them). On ResNet-50's (batch 16): forward and backward data 1.76x at 64 x 64 channels
-// (56 x 56), 1.7x at 128 x 128, 1.5x at 256 x 256; at 512 x 512 (7 x 7, 16 tiles an image, a 16 MiB transformed filter) forward 0.77x: not served.
-bool serves_winograd(const ConvGeom& g) {
+namespace {
+// REPLICA_WINOGRAD_TILE: 2 or 4 forces that output tile wherever Winograd serves; unset (0) is
+// the measured choice.
+int tile_from_env() {
+  const char* v = std::getenv("REPLICA_WINOGRAD_TILE");
+  if (!v || !*v) return 0;
+  const std::string s(v);
+  if (s == "2" || s == "4") return s[0] - '0';
+  throw ConfigError("REPLICA_WINOGRAD_TILE=" + s + ": expected 2 or 4 (Winograd's output tile), or unset for the measured choice");
+}
+std::atomic<int>& forced_tile() {
+  static std::atomic<int> m{tile_from_env()};
+  return m;
+}
+
+// Winograd at all for this layer's data passes: 3x3, stride 1, padding 1, channels multiples of 8.
+bool winograd_shape(const ConvGeom& g) {
   const int64_t pairs = g.C * g.K;
   return available() && winograd_enabled() && g.R == 3 && g.S == 3 && g.stride == 1 && g.pad == 1 &&
          g.C % 8 == 0 && g.K % 8 == 0 && pairs >= 16 * 16 && pairs <= 256 * 256;
 }
+}  // namespace
 
-// The weight gradient keeps a transformed-domain partial (16 C K floats) that every block of
-// tiles loads and stores: above 64 x 64 channels it leaves L2 and the direct kernel or the GEMM
-// serve instead.
-bool serves_winograd_filter(const ConvGeom& g) { return serves_winograd(g) && g.C * g.K <= 64 * 64; }
+int set_winograd_tile(int m) {
+  if (m != 0 && m != 2 && m != 4) throw ConfigError("Winograd output tile " + std::to_string(m) + ": expected 0, 2 or 4");
+  return forced_tile().exchange(m);
+}
+
+namespace {
+// Measured per ResNet-20 and ResNet-50 layer (`replica_bench_model`, bench/RESULTS.md, "F(4x4,
+// 3x3)"): F(4x4) 1.3-1.6x F(2x2)'s speed on every pass up to 128 x 128 channels (ResNet-20's
+// 16-64, ResNet-50's 56 x 56 x 64 and 28 x 28 x 128), where F(2x2) had been 1.0-1.7x the direct
+// kernels; at 256 x 256 (14 x 14: F(4x4)'s tiles cover 16 x 16, and its transformed filter, 36 C K
+// floats = 9 MiB, leaves L3's share) F(2x2) is faster. At 512 x 512 (7 x 7) F(2x2)'s forward
+// was 0.77x the direct kernel's: not served.
+int tile_for(const ConvGeom& g) {
+  if (!winograd_shape(g)) return 0;
+  if (const int m = forced_tile().load(std::memory_order_relaxed)) return m;
+  return g.C * g.K <= 128 * 128 ? 4 : 2;
+}
+}  // namespace
+
+int winograd_tile(const ConvGeom& g) { return tile_for(g); }
+
+// The weight gradient keeps a transformed-domain partial ((m + 2)^2 C K floats, 4 MiB at 256 x 256)
+// per thread that every block of tiles loads and stores, yet at ResNet-50's 128 and 256 channels
+// it still ran 1.6-2.5x the direct kernel or the GEMM: the same choice as the data passes.
+int winograd_filter_tile(const ConvGeom& g) { return tile_for(g); }
+
+bool serves_winograd(const ConvGeom& g) { return winograd_tile(g) != 0; }
+
+bool serves_winograd_filter(const ConvGeom& g) { return winograd_filter_tile(g) != 0; }
 
 bool serves_forward(const ConvGeom& g) { return available() && g.K % 8 == 0; }
 

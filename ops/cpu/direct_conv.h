@@ -30,17 +30,22 @@ bool serves_forward(const ConvGeom& g);
 // multiple of 8.
 bool serves_backward_data(const ConvGeom& g);
 
-// Winograd F(2x2, 3x3) (ops/cpu/winograd_kernels.h) for all three passes of a layer: 3x3, stride 1,
-// padding 1, input and output channels multiples of 8, C K between 16 x 16 and 256 x 256 (above,
-// at ResNet-50's 512 channels, it is slower than the direct kernel), and the weight gradient up
-// to 64 x 64 (serves_winograd_filter). On by default where the direct kernels run;
-// REPLICA_WINOGRAD=0 (or set_winograd) leaves those layers to the direct kernels. Its sums differ
-// from the direct kernel's in the last bits (a different order and the transforms' roundings),
-// within the same error bound relative to the sum of |terms| (tests/ops/test_conv_kernels.cpp).
+// Winograd F(2x2, 3x3) or F(4x4, 3x3) (ops/cpu/winograd_kernels.h) for all three passes of a
+// layer: 3x3, stride 1, padding 1, input and output channels multiples of 8, C K within the range
+// measured to win (direct_conv.cpp), and the weight gradient up to 64 x 64. On by default where
+// the direct kernels run; REPLICA_WINOGRAD=0 (or set_winograd) leaves those layers to the direct
+// kernels. Its sums differ from the direct kernel's in the last bits (a different order and the
+// transforms' roundings), within the error bound tests/ops/test_conv_kernels.cpp holds every path to.
 bool winograd_enabled();
 bool set_winograd(bool on);
+// The output tile m (2 or 4) Winograd computes this layer's forward and backward data with, 0
+// when it does not serve them; winograd_filter_tile the same for the weight gradient.
+int winograd_tile(const ConvGeom& g);
+int winograd_filter_tile(const ConvGeom& g);
+// Forces m = 2 or 4 wherever Winograd serves (0: the measured choice; REPLICA_WINOGRAD_TILE=2|4
+// at start-up); returns the previous setting. For tests and benchmarks.
+int set_winograd_tile(int m);
 bool serves_winograd(const ConvGeom& g);
-// The weight gradient by Winograd: the layers serves_winograd takes, up to 64 x 64 channels.
 bool serves_winograd_filter(const ConvGeom& g);
 
 // Backward filter: output channels a multiple of 8, and at most 64 channels in and out or at
