@@ -22,7 +22,7 @@
 //           | 0  4  0 -5  0  1 |       |  0     0     1    |
 //   (checked in exact arithmetic against the direct sums before they were written here). F(4x4)
 //   does 36 products per 16 outputs (2.25 per output, against F(2x2)'s 4 and the direct
-//   kernel's 9), for larger transform constants: its error is a few times F(2x2)'s
+//   kernel's 9), for larger transform constants: its error is about ten times F(2x2)'s
 //   (tests/ops/test_conv_kernels.cpp measures both).
 #include "ops/cpu/winograd_kernels.h"
 

@@ -2,7 +2,7 @@
 // or 4: 3x3, stride 1, padding 1, channels a multiple of 8, NHWC. Each m x m output tile costs
 // (m + 2)^2 products per (input, output) channel pair instead of the direct kernel's 9 m^2 (2.25x
 // fewer FMAs for m = 2, 4x for m = 4), paid for by input and output transforms (adds over
-// 8-channel vectors) and, for m = 4, a few times F(2x2)'s rounding error. direct_conv.h says when
+// 8-channel vectors) and, for m = 4, about ten times F(2x2)'s rounding error. direct_conv.h says when
 // a layer takes this path and which m; these are the filter transforms and the loops over a chunk
 // of images. Compiled with the copy's flags; the filter transforms are portable C++, while the
 // baseline copy's forward and backward_filter throw (conv.cpp never calls them there).

@@ -5,7 +5,7 @@
 // The error bound is relative to the sum of |terms| of each output, as f32 accumulation allows.
 // Every case runs on every CPU kernel copy this CPU can run (ops/cpu/isa.h: baseline, avx2,
 // avx512), with the direct kernels on and off where the copy uses them, and with Winograd
-// F(2x2, 3x3) on and off where the direct kernels run (ops/cpu/winograd_kernels.h).
+// F(2x2, 3x3) and F(4x4, 3x3) on and off where the direct kernels run (ops/cpu/winograd_kernels.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
