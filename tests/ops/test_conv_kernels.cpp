@@ -282,18 +282,18 @@ TEST(ConvKernels, WinogradServesThe3x3Stride1LayersItWasMeasuredToWinOn) {
     EXPECT_EQ(ops::direct::serves_winograd(g), m != 0);
     return m;
   };
-  EXPECT_EQ(tile({64, 14, 14, 32}, 32, 3, 1, 1), 4);
-  EXPECT_EQ(tile({64, 7, 7, 64}, 64, 3, 1, 1), 4);
-  EXPECT_EQ(tile({64, 28, 28, 16}, 16, 3, 1, 1), 4);
-  EXPECT_EQ(tile({16, 56, 56, 64}, 64, 3, 1, 1), 4);
-  EXPECT_EQ(tile({16, 28, 28, 128}, 128, 3, 1, 1), 4);
-  EXPECT_EQ(tile({16, 14, 14, 256}, 256, 3, 1, 1), 2);
-  EXPECT_EQ(tile({16, 7, 7, 512}, 512, 3, 1, 1), 0);
-  EXPECT_EQ(tile({4, 9, 9, 8}, 16, 3, 1, 1), 0);
-  EXPECT_EQ(tile({64, 28, 28, 16}, 32, 3, 2, 1), 0);
-  EXPECT_EQ(tile({64, 14, 14, 32}, 64, 1, 2, 0), 0);
-  EXPECT_EQ(tile({64, 28, 28, 1}, 16, 3, 1, 1), 0);
-  EXPECT_EQ(tile({64, 14, 14, 32}, 32, 3, 1, 0), 0);
+  struct Case {
+    Shape in;
+    int64_t K, R, stride, pad;
+    int tile;  // 0: not served
+  };
+  const Case cases[] = {{{64, 14, 14, 32}, 32, 3, 1, 1, 4},   {{64, 7, 7, 64}, 64, 3, 1, 1, 4},
+                        {{64, 28, 28, 16}, 16, 3, 1, 1, 4},   {{16, 56, 56, 64}, 64, 3, 1, 1, 4},
+                        {{16, 28, 28, 128}, 128, 3, 1, 1, 4}, {{16, 14, 14, 256}, 256, 3, 1, 1, 2},
+                        {{16, 7, 7, 512}, 512, 3, 1, 1, 0},   {{4, 9, 9, 8}, 16, 3, 1, 1, 0},
+                        {{64, 28, 28, 16}, 32, 3, 2, 1, 0},   {{64, 14, 14, 32}, 64, 1, 2, 0, 0},
+                        {{64, 28, 28, 1}, 16, 3, 1, 1, 0},    {{64, 14, 14, 32}, 32, 3, 1, 0, 0}};
+  for (const Case& c : cases) EXPECT_EQ(tile(c.in, c.K, c.R, c.stride, c.pad), c.tile) << c.in.str() << " -> " << c.K;
   ops::direct::set_winograd_tile(2);
   EXPECT_EQ(tile({64, 14, 14, 32}, 32, 3, 1, 1), 2) << "REPLICA_WINOGRAD_TILE=2 / set_winograd_tile(2) forces F(2x2)";
   EXPECT_THROW(ops::direct::set_winograd_tile(3), ConfigError);
