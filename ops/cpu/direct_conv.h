@@ -32,8 +32,8 @@ bool serves_backward_data(const ConvGeom& g);
 
 // Winograd F(2x2, 3x3) or F(4x4, 3x3) (ops/cpu/winograd_kernels.h) for all three passes of a
 // layer: 3x3, stride 1, padding 1, input and output channels multiples of 8, C K within the range
-// measured to win (direct_conv.cpp), and the weight gradient up to 64 x 64. On by default where
-// the direct kernels run; REPLICA_WINOGRAD=0 (or set_winograd) leaves those layers to the direct
+// measured to win (16 x 16 to 256 x 256; direct_conv.cpp says where each tile won). On by default
+// where the direct kernels run; REPLICA_WINOGRAD=0 (or set_winograd) leaves those layers to the direct
 // kernels. Its sums differ from the direct kernel's in the last bits (a different order and the
 // transforms' roundings), within the error bound tests/ops/test_conv_kernels.cpp holds every path to.
 bool winograd_enabled();
