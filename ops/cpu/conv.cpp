@@ -391,7 +391,7 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
-  if (const int m = kHasDirect ? direct::winograd_filter_tile(g) : 0) return winograd_backward_filter(x, dy, dw, m, g, ws);
+  if (const int m = kHasDirect ? direct::winograd_tile(g) : 0) return winograd_backward_filter(x, dy, dw, m, g, ws);
   if (kHasDirect && direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
   const ChunkPlan cp(g, ws);
   const int64_t RSC = cp.RSC, PQ = cp.PQ, chunk = cp.chunk;

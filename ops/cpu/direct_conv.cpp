@@ -80,30 +80,21 @@ int set_winograd_tile(int m) {
   return forced_tile().exchange(m);
 }
 
-namespace {
 // Measured per ResNet-20 and ResNet-50 layer (`replica_bench_model`, bench/RESULTS.md, "F(4x4,
 // 3x3)"): F(4x4) 1.3-1.6x F(2x2)'s speed on every pass up to 128 x 128 channels (ResNet-20's
 // 16-64, ResNet-50's 56 x 56 x 64 and 28 x 28 x 128), where F(2x2) had been 1.0-1.7x the direct
 // kernels; at 256 x 256 (14 x 14: F(4x4)'s tiles cover 16 x 16, and its transformed filter, 36 C K
 // floats = 9 MiB, leaves L3's share) F(2x2) is faster. At 512 x 512 (7 x 7) F(2x2)'s forward
-// was 0.77x the direct kernel's: not served.
-int tile_for(const ConvGeom& g) {
+// was 0.77x the direct kernel's: not served. The weight gradient takes the same tile: its
+// per-thread transformed-domain partial ((m + 2)^2 C K floats, 4 MiB at 256 x 256) leaves L2, yet
+// at ResNet-50's 128 and 256 channels it still ran 1.6-2.5x the direct kernel or the GEMM.
+int winograd_tile(const ConvGeom& g) {
   if (!winograd_shape(g)) return 0;
   if (const int m = forced_tile().load(std::memory_order_relaxed)) return m;
   return g.C * g.K <= 128 * 128 ? 4 : 2;
 }
-}  // namespace
-
-int winograd_tile(const ConvGeom& g) { return tile_for(g); }
-
-// The weight gradient keeps a transformed-domain partial ((m + 2)^2 C K floats, 4 MiB at 256 x 256)
-// per thread that every block of tiles loads and stores, yet at ResNet-50's 128 and 256 channels
-// it still ran 1.6-2.5x the direct kernel or the GEMM: the same choice as the data passes.
-int winograd_filter_tile(const ConvGeom& g) { return tile_for(g); }
 
 bool serves_winograd(const ConvGeom& g) { return winograd_tile(g) != 0; }
-
-bool serves_winograd_filter(const ConvGeom& g) { return winograd_filter_tile(g) != 0; }
 
 bool serves_forward(const ConvGeom& g) { return available() && g.K % 8 == 0; }
 

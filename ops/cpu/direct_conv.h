@@ -38,15 +38,13 @@ bool serves_backward_data(const ConvGeom& g);
 // transforms' roundings), within the error bound tests/ops/test_conv_kernels.cpp holds every path to.
 bool winograd_enabled();
 bool set_winograd(bool on);
-// The output tile m (2 or 4) Winograd computes this layer's forward and backward data with, 0
-// when it does not serve them; winograd_filter_tile the same for the weight gradient.
+// The output tile m (2 or 4) Winograd computes this layer's three passes with, 0 when it does
+// not serve them.
 int winograd_tile(const ConvGeom& g);
-int winograd_filter_tile(const ConvGeom& g);
 // Forces m = 2 or 4 wherever Winograd serves (0: the measured choice; REPLICA_WINOGRAD_TILE=2|4
 // at start-up); returns the previous setting. For tests and benchmarks.
 int set_winograd_tile(int m);
 bool serves_winograd(const ConvGeom& g);
-bool serves_winograd_filter(const ConvGeom& g);
 
 // Backward filter: output channels a multiple of 8, and at most 64 channels in and out or at
 // least 28 x 28 output pixels (where it was measured faster than the GEMM), any stride and padding.

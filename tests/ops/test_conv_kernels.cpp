@@ -180,12 +180,12 @@ TEST_P(ConvKernels, MatchDoublePrecision) {
   EXPECT_LT(ey, tol) << "forward";
   EXPECT_LT(edx, tol) << "backward data";
   EXPECT_LT(edw, tol) << "backward filter (+= onto a random gradient)";
-  const bool d = use_direct, wino = d && ops::direct::serves_winograd(g), wino_f = d && ops::direct::serves_winograd_filter(g);
+  const bool d = use_direct, wino = d && ops::direct::serves_winograd(g);
   std::printf("%-28s %-8s %s  fwd %.1e (%s)  bwd-data %.1e (%s)  bwd-filter %.1e (%s)\n", name_of(c).c_str(),
               path.copy.c_str(), d ? "direct-capable" : "im2col", ey,
               wino ? "winograd" : d && ops::direct::serves_forward(g) ? "direct" : "im2col", edx,
               wino ? "winograd" : d && ops::direct::serves_backward_data(g) ? "direct" : "im2col", edw,
-              wino_f ? "winograd" : d && ops::direct::serves_backward_filter(g) ? "direct" : "im2col");
+              wino ? "winograd" : d && ops::direct::serves_backward_filter(g) ? "direct" : "im2col");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -278,7 +278,6 @@ TEST(ConvKernels, WinogradServesThe3x3Stride1LayersItWasMeasuredToWinOn) {
   auto tile = [](Shape in, int64_t K, int64_t R, int64_t stride, int64_t pad) {
     const auto g = ops::ConvGeom::make(in, K, R, R, stride, pad, "test");
     const int m = ops::direct::winograd_tile(g);
-    EXPECT_EQ(ops::direct::winograd_filter_tile(g), m) << "the weight gradient takes the data passes' tile";
     EXPECT_EQ(ops::direct::serves_winograd(g), m != 0);
     return m;
   };
