@@ -47,6 +47,13 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
 
+  // Reproducible results run to run (train.deterministic): the same inputs give the same bits.
+  // The CPU backend always does. The CUDA backend's own kernels do in either mode (fixed-order
+  // reductions); on, it also takes only cuDNN algorithms whose numerics are deterministic, chosen
+  // by cuDNN's fixed ranking rather than by timing (which can choose differently run to run).
+  virtual void set_deterministic(bool on) { (void)on; }
+  virtual bool deterministic() const { return true; }
+
   // Convolution. backward_filter accumulates into dw (+=) so micro-batches add up.
   virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
                               MemoryPool& ws) = 0;

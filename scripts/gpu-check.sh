@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check, for any machine with an NVIDIA GPU: the gpu-labelled tests (pools, NCCL, the CUDA
-# backend's conformance to the CPU one), the NCCL all-reduce benchmark, and ResNet-50 training
-# throughput (synthetic 224x224, fp16 and bf16) beside PyTorch AMP channels_last on the same GPU
-# in the same run. Prints each phase's time and writes a summary to $OUT/gpu-summary.txt when
-# $OUT is set. Works from a bundle (scripts/gpu-bundle.sh, for machines without build tools: CUDA
+# The GPU check, for any machine with an NVIDIA GPU: every gpu-labelled test (pools, NCCL, the CUDA
+# backend's conformance to the CPU one, the GPU training step against the CPU's and against itself
+# bit for bit), the CUDA mutants (each must fail), the default run on Fashion-MNIST with its
+# accuracy and time, two deterministic runs compared with cmp, ResNet-50 (fp16/bf16, batch 256
+# and 32) beside PyTorch AMP channels_last, ResNet-20 beside JAX, what train.deterministic costs,
+# and replica plan's one-GPU prediction beside bench train, all on the same GPU in the same run.
+# Prints each phase's time and writes a summary (the verdict, then a table the figures can be
+# copied from) to $OUT/gpu-summary.txt when $OUT is set. Works from a bundle (scripts/gpu-bundle.sh, for machines without build tools: CUDA
 # libraries come from the system or from Python's nvidia-* wheels) or from a source checkout with
 # the build dependencies (it then builds build-gpu itself). Budget: under 8 minutes on one H200.
 #   scripts/gpu-check.sh            (in a bundle folder or at the repository root)
@@ -98,37 +101,118 @@ fi
 test_phase gpu-pool-tests 60 "$tests/test_core_gpu"
 test_phase nccl-tests 60 "$tests/test_nccl"
 test_phase input-stager 30 "$tests/test_input_stager"
-test_phase conformance 150 "$tests/test_cuda_conformance"
-# The command line end to end on the GPU: a short fp16 run of the default model on synthetic
-# images (the GPU machine has no Fashion-MNIST), with evaluation, checkpoint and model file.
-phase replica-train-gpu 90 "$bin/replica" train --devices cuda --run-dir /tmp/replica-gpu-run \
-      --set data.dataset=synthetic --set "data.synthetic_shape=[28,28,1]" --set "data.mean=[0.5]" \
-      --set "data.std=[0.25]" --set data.synthetic_size=12800 --set train.max_steps=100 --set train.precision=fp16
 phase nccl-allreduce-bench 60 "$bin/replica" bench allreduce --devices cuda -b 8 -e 256M -f 4
+test_phase conformance 240 "$tests/test_cuda_conformance"
+grep -E '^  (one step|deterministic|ResNet-20 fp32 5 steps)' /tmp/phase-conformance.log > /tmp/conformance-figures.txt || true
 
-# ResNet-50, one GPU, batch 256: replica and PyTorch AMP channels_last side by side.
+# The CUDA mutants (tests/mutate/mutations.txt, "device: cuda"; gpu-bundle.sh built one test binary
+# each with its line changed): each must fail its test here, or that test protects nothing.
+mutants_killed=0 mutants_total=0
+if [ -d "$here/mutants" ]; then
+  for m in "$here"/mutants/*; do
+    case "$m" in *.filter) continue ;; esac
+    id=$(basename "$m")
+    mutants_total=$((mutants_total + 1))
+    timeout 180 "$m" --gtest_filter="$(cat "$m.filter")" > "/tmp/mutant-$id.log" 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "FAILED" "/tmp/mutant-$id.log"; then
+      mutants_killed=$((mutants_killed + 1))
+      log "# mutant $id: killed ($(grep -m1 -E 'Failure|differs|FAILED' "/tmp/mutant-$id.log" | cut -c1-160))"
+    else
+      log "# mutant $id: SURVIVED (exit $rc): its test passed with the bug planted"
+      failed+=("mutant $id survived")
+    fi
+  done
+fi
+
+# The default run on Fashion-MNIST (3 epochs), its accuracy and time: once as configured
+# (train.deterministic as the build's default), and the determinism check: two short runs with
+# train.deterministic=true must write byte-identical model files and checkpoints.
+data="$root/data/fashion-mnist"
+[ -d "$data" ] || data=/usr/share/datasets/fashion-mnist
+acc() { sed -n 's/.*accuracy \([0-9.]*\)%.*/\1/p' "/tmp/phase-$1.log" | tail -1; }
+secs() { sed -n 's/^replica: [0-9]* steps in \([0-9.]*\) s .*/\1/p' "/tmp/phase-$1.log" | tail -1; }
+img_s() { sed -n 's/^replica: [0-9]* steps in [0-9.]* s (\([0-9]*\) img\/s.*/\1/p' "/tmp/phase-$1.log" | tail -1; }
+if [ -d "$data" ]; then
+  phase default-run 120 "$bin/replica" train --devices cuda --set data.path="$data" --run-dir /tmp/replica-default
+  log "# default run: $(acc default-run)% in $(secs default-run) s ($(img_s default-run) img/s)"
+  # Both runs in one run directory (the checkpoints' config section names it), moved aside after.
+  rm -rf /tmp/replica-det /tmp/replica-det-a /tmp/replica-det-b
+  for r in a b; do
+    phase "deterministic-$r" 60 "$bin/replica" train --devices cuda --set data.path="$data" --set train.deterministic=true \
+          --set train.max_steps=300 --set train.eval=false --run-dir /tmp/replica-det
+    mv /tmp/replica-det "/tmp/replica-det-$r"
+  done
+  same=yes
+  cmp /tmp/replica-det-a/model.bin /tmp/replica-det-b/model.bin >> "$body" 2>&1 || same=no
+  n=0
+  for f in /tmp/replica-det-a/checkpoints/*.ckpt; do
+    [ -f "$f" ] || continue
+    n=$((n + 1))
+    cmp "$f" "/tmp/replica-det-b/checkpoints/$(basename "$f")" >> "$body" 2>&1 || same=no
+  done
+  [ "$n" -gt 0 ] || same="no (no checkpoint written)"
+  log "# deterministic runs (300 steps, train.deterministic=true) byte-identical: $same"
+  [ "$same" = yes ] || failed+=("determinism (model.bin or checkpoints differ)")
+else
+  failed+=("default-run (no Fashion-MNIST: rebuild the bundle with dataset-fashion-mnist installed)")
+fi
+
+# Speed, side by side on this GPU in this run: replica bench train against PyTorch AMP (ResNet-50)
+# and JAX (ResNet-20, bench/anchors/jax_pmap_resnet.py with DEVICES=1).
 cfg="$root/configs/resnet50_synthetic_gpu.yaml"
 rate() { awk '!/^#/ && NF == 5 {print $3}' "/tmp/phase-$1.log" | tail -1; }
 torch_rate() { sed -n 's/.*: \([0-9.]*\) img\/s.*/\1/p' "/tmp/phase-$1.log" | tail -1; }
-have_torch=0
+jax_rate() { sed -n 's/.* img\/s \([0-9.]*\) .*/\1/p' "/tmp/phase-$1.log" | tail -1; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a > 0 && b > 0) printf "%.2f", a/b; else printf "-" }'; }
+have_torch=0 have_jax=0
 python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2>/dev/null && have_torch=1
-for prec in fp16 bf16; do
-  phase "replica-resnet50-$prec" 150 "$bin/replica" bench train "$cfg" --kind cuda --replicas 1 --steps 20 --warmup 5 \
-        --set train.global_batch=256 --set train.micro_batch=256 --set train.precision=$prec
-  if [ -z "$(rate "replica-resnet50-$prec")" ] && [ "$last_rc" != 124 ]; then  # failed fast: retry with cuDNN's heuristics
-    REPLICA_CUDNN_ALGO=heuristic phase "replica-resnet50-$prec" 150 "$bin/replica" bench train "$cfg" --kind cuda \
-        --replicas 1 --steps 20 --warmup 5 --set train.global_batch=256 --set train.micro_batch=256 --set train.precision=$prec
-  fi
-  if [ $have_torch = 1 ]; then
-    phase "torch-resnet50-$prec" 120 python3 "$root/bench/anchors/torch_resnet50_amp.py" --dtype $prec --batch 256 --steps 20 --warmup 5
-  fi
-  r=$(rate "replica-resnet50-$prec"); t=$(torch_rate "torch-resnet50-$prec")
-  if [ -n "$r" ] && [ -n "$t" ]; then
-    log "# ResNet-50 $prec batch 256: replica $r img/s, PyTorch AMP channels_last $t img/s, ratio $(awk -v a="$r" -v b="$t" 'BEGIN{printf "%.2f", a/b}')x"
-  else
-    log "# ResNet-50 $prec: replica '${r:-none}' img/s, PyTorch '${t:-not run}' img/s"
-  fi
-  [ -n "$r" ] || failed+=("replica-resnet50-$prec (no throughput)")
+python3 -c "import jax; assert jax.devices()[0].platform == 'gpu'" 2>/dev/null && have_jax=1
+table=()
+r50() {  # r50 NAME PRECISION BATCH [--set ...]
+  local name="$1" prec="$2" batch="$3"; shift 3
+  phase "$name" 150 "$bin/replica" bench train "$cfg" --kind cuda --replicas 1 --steps 15 --warmup 5 \
+        --set train.global_batch="$batch" --set train.micro_batch="$batch" --set train.precision="$prec" "$@"
+}
+for c in "fp16 256" "bf16 256" "fp16 32"; do
+  set -- $c
+  r50 "replica-resnet50-$1-b$2" "$1" "$2"
+  [ $have_torch = 1 ] && phase "torch-resnet50-$1-b$2" 120 python3 "$root/bench/anchors/torch_resnet50_amp.py" \
+      --dtype "$1" --batch "$2" --steps 15 --warmup 5
+  r=$(rate "replica-resnet50-$1-b$2"); t=$(torch_rate "torch-resnet50-$1-b$2")
+  table+=("| ResNet-50 224 $1 batch $2 | ${r:-none} | PyTorch AMP channels_last ${t:-not run} | $(ratio "$r" "$t")x |")
+  [ -n "$r" ] || failed+=("replica-resnet50-$1-b$2 (no throughput)")
 done
+# What train.deterministic costs: the same bf16 batch-256 run with it on.
+r50 replica-resnet50-bf16-b256-det bf16 256 --set train.deterministic=true
+rd=$(rate replica-resnet50-bf16-b256-det); rn=$(rate replica-resnet50-bf16-b256)
+table+=("| ResNet-50 bf16 batch 256, train.deterministic=true | ${rd:-none} | same, off: ${rn:-none} | $(ratio "$rd" "$rn")x |")
+# replica plan's one-GPU prediction from its measured profile, against bench train in this run.
+phase plan-resnet50-bf16 150 "$bin/replica" plan "$cfg" --profile --profile-steps 5 --devices 1 --link nvlink4 \
+      --set train.global_batch=256 --set train.micro_batch=256 --set train.precision=bf16
+# its table: "devices / link  micro x acc  step (ms)  img/s ...": the one-device row's img/s
+pr=$(awk '$1 == 1 && $4 == "x" {print $7; exit}' /tmp/phase-plan-resnet50-bf16.log)
+table+=("| replica plan, ResNet-50 bf16 b256, 1 GPU (predicted) | ${pr:-none} | bench train: ${rn:-none} | $(ratio "$pr" "$rn")x |")
+r20=(--set data.dataset=synthetic --set "data.synthetic_shape=[28,28,1]" --set "data.mean=[0.5]" --set "data.std=[0.25]")
+for b in 128 1024; do
+  phase "replica-resnet20-b$b" 90 "$bin/replica" bench train --kind cuda --replicas 1 --steps 30 --warmup 5 \
+        --set train.global_batch=$b --set train.micro_batch=$b "${r20[@]}"
+  [ $have_jax = 1 ] && DEVICES=1 BS=$b STEPS=30 WARMUP=5 phase "jax-resnet20-b$b" 120 python3 "$root/bench/anchors/jax_pmap_resnet.py"
+  r=$(rate "replica-resnet20-b$b"); j=$(jax_rate "jax-resnet20-b$b")
+  table+=("| ResNet-20 28x28 fp32 batch $b | ${r:-none} | JAX jit, 1 GPU ${j:-not run} | $(ratio "$r" "$j")x |")
+done
+phase replica-resnet20-b128-det 90 "$bin/replica" bench train --kind cuda --replicas 1 --steps 30 --warmup 5 \
+      --set train.global_batch=128 --set train.micro_batch=128 --set train.deterministic=true "${r20[@]}"
+rd=$(rate replica-resnet20-b128-det); rn=$(rate replica-resnet20-b128)
+table+=("| ResNet-20 batch 128, train.deterministic=true | ${rd:-none} | same, off: ${rn:-none} | $(ratio "$rd" "$rn")x |")
+
+log ""
+log "## summary (img/s; one run, this GPU)"
+log "| workload | replica | anchor | ratio |"
+log "|---|---|---|---|"
+for row in "${table[@]}"; do log "$row"; done
+[ -d "$data" ] && log "| default run, 3 epochs, Fashion-MNIST | $(acc default-run)% in $(secs default-run) s | | |"
+log "| CUDA mutants killed | $mutants_killed of $mutants_total | | |"
+cat /tmp/conformance-figures.txt >> "$body" 2>/dev/null
 log "# done"
 finish

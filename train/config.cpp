@@ -270,7 +270,8 @@ std::map<std::string, Section> schema(RunConfig& c) {
         text_key("run_dir", t.run_dir),
         bool_key("eval", t.eval),
         int_key("eval_batch", t.eval_batch, 1, int64_t(1) << 20),
-        bool_key("tensorboard", t.tensorboard)}},
+        bool_key("tensorboard", t.tensorboard),
+        {"deterministic", [&](auto& n, auto& l) { t.deterministic = as_bool(n, l); }, optional_of(t.deterministic)}}},
       {"checkpoint",
        {int_key("every_steps", ck.every_steps, 0, int64_t(1) << 40),
         int_key("every_epochs", ck.every_epochs, 0, int64_t(1) << 40),
@@ -453,6 +454,11 @@ RunConfig parse_config(const std::string& text, const std::string& source, const
     throw ConfigError(source + (e.mark.is_null() ? std::string() : ":" + std::to_string(e.mark.line + 1)) +
                       ": cannot read the configuration: " + e.msg);
   }
+}
+
+bool resolve_deterministic(const TrainConfig& t) {
+  if (t.deterministic) return *t.deterministic;
+  return env_flag("REPLICA_DETERMINISTIC", kDeterministicByDefault);
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& sets) {

@@ -58,7 +58,16 @@ struct TrainConfig {
   bool eval = true;
   int64_t eval_batch = 500;
   bool tensorboard = true;  // event files in the run directory
+  // Bit-identical GPU runs: only cuDNN algorithms whose numerics are deterministic, chosen by
+  // cuDNN's fixed ranking instead of timing. Unset: REPLICA_DETERMINISTIC, else
+  // kDeterministicByDefault (CPU runs are deterministic either way).
+  std::optional<bool> deterministic;
 };
+
+// train.deterministic when neither the config nor REPLICA_DETERMINISTIC says (README: why).
+inline constexpr bool kDeterministicByDefault = false;
+// The setting in force: train.deterministic, else REPLICA_DETERMINISTIC, else the default.
+bool resolve_deterministic(const TrainConfig& t);
 
 struct OptimConfig {
   std::string name = "sgd";  // sgd | adamw | lars

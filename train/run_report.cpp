@@ -19,6 +19,15 @@ double RunReport::other_s() const {
   return std::max(0.0, wall_s - data_wait_s - compute_s - allreduce_wait_s - optimizer_s - eval_s - checkpoint_s);
 }
 
+const char* RunReport::step_end_wait_name() const {
+  // The host's wait at the end of each step (ReplicaStep::apply: the gradient buckets, then the
+  // step's one read): all-reduce with several replicas, and on a GPU the queued device work too;
+  // a single GPU replica has no all-reduce, so its wait is the device finishing the step.
+  const bool gpu = devices.rfind("cuda", 0) == 0;
+  if (replicas > 1) return gpu ? "all-reduce + device wait" : "all-reduce wait";
+  return gpu ? "device wait" : "step-end wait";
+}
+
 std::string RunReport::text() const {
   std::ostringstream o;
   char b[256];
@@ -27,7 +36,7 @@ std::string RunReport::text() const {
                 static_cast<long>(steps), static_cast<long>(images), wall_s, images_per_s, replicas, devices.c_str());
   o << b;
   const std::pair<const char*, double> phases[] = {{"data wait", data_wait_s},       {"compute", compute_s},
-                                                   {"all-reduce wait", allreduce_wait_s}, {"optimizer", optimizer_s},
+                                                   {step_end_wait_name(), allreduce_wait_s}, {"optimizer", optimizer_s},
                                                    {"evaluation", eval_s},          {"checkpointing", checkpoint_s},
                                                    {"other", other_s()}};
   o << "  wall time (replica 0):";

@@ -1,4 +1,4 @@
-// The run report: where a run's wall time went (data wait, compute, all-reduce wait, optimizer,
+// The run report: where a run's wall time went (data wait, compute, the step-end wait, optimizer,
 // evaluation, checkpointing), its throughput, each replica's peak memory against its pool, the
 // device-hours and, with run.cost_per_device_hour, what it cost. Printed at the end of a run,
 // appended to metrics.jsonl ({"kind":"summary"}), and rebuilt from the files by `replica report`,
@@ -31,6 +31,10 @@ struct RunReport {
   double params_kept_mib = 0, grads_kept_mib = 0;
   std::vector<std::string> events;  // replicas lost and how the run went on (train/recovery.h)
 
+  // What allreduce_wait_s measured, named for this run: "all-reduce wait" (CPU replicas),
+  // "all-reduce + device wait" (GPUs), "device wait" (one GPU: no all-reduce, the host waits for
+  // the step's queued kernels), "step-end wait" (one CPU replica).
+  const char* step_end_wait_name() const;
   double device_hours() const { return wall_s * replicas / 3600.0; }
   double other_s() const;  // wall time none of the phases explains (start-up, logging, ...)
   std::string text() const;

@@ -23,6 +23,7 @@
 #include "core/file_io.h"
 #include "core/log.h"
 #include "core/pools.h"
+#include "ops/backend.h"
 #include "ops/cpu/threads.h"
 #include "data/image_pack.h"
 #include "ops/models/resnet.h"
@@ -115,6 +116,10 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
                       "continue from memory; use parallel.shard: none, or on_replica_failure: stop and resume from "
                       "the last checkpoint");
   fault_ = FaultInjector::from_env();
+  // train.deterministic: one setting per backend (the GPU's cuDNN choices; CPU runs always are).
+  const bool deterministic = resolve_deterministic(cfg_.train);
+  for (const Device& d : devices)
+    if (d.kind == DeviceKind::cuda) ops::backend_for(d).set_deterministic(deterministic);
   // micro_batch: auto is planned before the replica group takes its pools: on a GPU the planner
   // must measure on a device that is not already 75% preallocated.
   std::optional<MemPlan> plan;
@@ -601,6 +606,11 @@ void Trainer::print_start() const {
               (long)cfg_.train.global_batch, (long)micro_, accumulation_, accumulation_ > 1 ? "s" : "", R,
               R > 1 ? "s" : "", (long)total_steps_, (long)sharding_->steps_per_epoch(), cfg_.optim.name.c_str(),
               sched_.base_lr, sched_.kind.c_str(), precision.c_str());
+  if (group_->replica(0).device().kind == DeviceKind::cuda)
+    std::printf("replica: train.deterministic %s (%s)\n", resolve_deterministic(cfg_.train) ? "on" : "off",
+                resolve_deterministic(cfg_.train)
+                    ? "deterministic cuDNN algorithms by cuDNN's ranking: the same seed gives the same bits"
+                    : "cuDNN algorithms timed per shape: fastest, but two runs may differ in the last bits");
   std::fflush(stdout);
 }
 

@@ -31,6 +31,13 @@ void copy_async(void*, const void*, size_t, Stream&) { not_built(); }
 void memset_zero(void*, size_t, Stream*) { not_built(); }
 void set_device(int) { not_built(); }
 bool is_device_pointer(const void*) { return false; }
+struct StreamTimer::Impl {};
+StreamTimer::StreamTimer(Stream*) { not_built(); }
+StreamTimer::~StreamTimer() = default;
+int StreamTimer::mark() { not_built(); }
+void StreamTimer::synchronize() { not_built(); }
+double StreamTimer::seconds(int, int) const { not_built(); }
+void StreamTimer::clear() {}
 const DeviceApi& runtime_device_api() {
   static const DeviceApi api{[]() -> int { not_built(); }, [](int) { not_built(); }};
   return api;

@@ -178,6 +178,9 @@ class CudaStream : public Stream {
     REPLICA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
   }
   ~CudaStream() override {
+    // An event behind all of its work first: blocks freed later still wait for it (StreamToken).
+    // cudaStreamDestroy returns at once and the device finishes the queued work regardless.
+    retire();
     DeviceGuard g(device_.index);
     cudaStreamDestroy(s_);
   }
@@ -238,6 +241,42 @@ void memset_zero(void* p, size_t bytes, Stream* stream) {
 }
 
 void set_device(int index) { REPLICA_CUDA_CHECK(cudaSetDevice(index)); }
+
+struct StreamTimer::Impl {
+  cudaStream_t stream = nullptr;
+  std::vector<cudaEvent_t> events;  // grows to the most marks a step made, then reused
+  int used = 0;
+};
+
+StreamTimer::StreamTimer(Stream* stream) : impl_(std::make_unique<Impl>()) { impl_->stream = native(stream); }
+
+StreamTimer::~StreamTimer() {
+  for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
+}
+
+int StreamTimer::mark() {
+  auto& m = *impl_;
+  if (m.used == static_cast<int>(m.events.size())) {
+    cudaEvent_t e{};
+    REPLICA_CUDA_CHECK(cudaEventCreate(&e));  // with timing
+    m.events.push_back(e);
+  }
+  REPLICA_CUDA_CHECK(cudaEventRecord(m.events[static_cast<size_t>(m.used)], m.stream));
+  return m.used++;
+}
+
+void StreamTimer::synchronize() {
+  if (impl_->used) REPLICA_CUDA_CHECK(cudaEventSynchronize(impl_->events[static_cast<size_t>(impl_->used - 1)]));
+}
+
+double StreamTimer::seconds(int from, int to) const {
+  float ms = 0;
+  REPLICA_CUDA_CHECK(cudaEventElapsedTime(&ms, impl_->events.at(static_cast<size_t>(from)),
+                                          impl_->events.at(static_cast<size_t>(to))));
+  return ms / 1000.0;
+}
+
+void StreamTimer::clear() { impl_->used = 0; }
 
 }  // namespace cuda
 }  // namespace replica

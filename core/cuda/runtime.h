@@ -36,4 +36,25 @@ void set_device(int index);
 // True when `p` points into device memory (false for host and pinned memory).
 bool is_device_pointer(const void* p);
 
+// Marks on a stream timed by the device (timing CUDA events): what the GPU spent between two points
+// of a step, without the host waiting at each (a host read at every mark would serialise the
+// host's launches with the kernels and time both). mark() records on `stream` (the thread's
+// current stream when null); after synchronize(), seconds(i, j) is the device time from mark i to
+// mark j. clear() forgets the marks, keeping the events for reuse.
+class StreamTimer {
+ public:
+  explicit StreamTimer(Stream* stream = nullptr);
+  ~StreamTimer();
+  StreamTimer(const StreamTimer&) = delete;
+  StreamTimer& operator=(const StreamTimer&) = delete;
+  int mark();  // the mark's index
+  void synchronize();
+  double seconds(int from, int to) const;
+  void clear();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace replica::cuda

@@ -71,21 +71,39 @@ void BestFitPool::erase_free(Block* b) {
 bool BestFitPool::usable_by(Block* b, Stream* stream) {
   if (!b->streams || b->streams->pending.empty()) return true;
   auto& pending = b->streams->pending;
-  for (auto& [s, ev] : pending) {
-    if (s == stream) continue;  // its own work: later work on that stream is ordered after it
-    if (!ev->done()) return false;
-  }
+  const uint64_t own = stream ? stream->id() : 0;  // ids start at 1: the null stream owns nothing
   bool all_done = true;
-  for (auto& [s, ev] : pending) all_done = all_done && ev->done();
+  for (auto& p : pending) {
+    if (p.token->id() == own) {  // its own work: later work on that stream is ordered after it
+      all_done = all_done && p.event && p.event->done();
+      continue;
+    }
+    if (!p.event) p.event = p.token->record();  // another stream asks: mark that stream's work now
+    if (p.event && !p.event->done()) return false;
+  }
   if (all_done) pending.clear();
   return true;
+}
+
+void BestFitPool::add_pending(std::vector<Block::Pending>& into, Block::Pending p) {
+  for (auto& q : into) {
+    if (q.token->id() != p.token->id()) continue;
+    // Two entries of one stream: an event still to be recorded covers any recorded earlier; of two
+    // recorded ones either may be the later, so both stay (waiting for both is right).
+    if (!q.event) return;
+    if (!p.event) {
+      q.event = nullptr;
+      return;
+    }
+    if (q.event == p.event) return;
+  }
+  into.push_back(std::move(p));
 }
 
 void BestFitPool::merge_pending(Block* into, Block* from) {
   if (!from->streams || from->streams->pending.empty()) return;
   if (!into->streams) into->streams = std::make_unique<Block::StreamUse>();
-  auto& dst = into->streams->pending;
-  for (auto& p : from->streams->pending) dst.push_back(std::move(p));
+  for (auto& p : from->streams->pending) add_pending(into->streams->pending, std::move(p));
 }
 
 BestFitPool::Block* BestFitPool::find_best_fit(size_t size, Stream* stream, bool may_wait) {
@@ -111,7 +129,10 @@ BestFitPool::Block* BestFitPool::find_best_fit(size_t size, Stream* stream, bool
   if (!pending_fit || !may_wait) return nullptr;
   // Nothing else fits (and the pool cannot grow): take it once the host has seen its events
   // complete (RMM does the same when it takes a block from another stream's free list).
-  for (auto& [s, ev] : pending_fit->streams->pending) ev->synchronize();
+  for (auto& p : pending_fit->streams->pending) {
+    if (!p.event) p.event = p.token->record();
+    if (p.event) p.event->synchronize();
+  }
   pending_fit->streams->pending.clear();
   return pending_fit;
 }
@@ -162,7 +183,7 @@ Allocation BestFitPool::allocate(const AllocRequest& r) {
   b->free = false;
   if (r.stream) {
     if (!b->streams) b->streams = std::make_unique<Block::StreamUse>();
-    b->streams->owner = r.stream;
+    b->streams->owner = r.stream->token();
     b->streams->users.clear();
     b->streams->pending.clear();
   } else if (b->streams) {
@@ -176,10 +197,10 @@ void BestFitPool::deallocate(const Allocation& a, const AllocRequest&) {
   Block* b = static_cast<Block*>(a.handle);
   in_use_ -= b->size;
   b->free = true;
-  if (b->streams) {  // the work queued on its streams may still read it: events to pass first
+  if (b->streams) {  // the work queued on its streams may still read it: to pass before others reuse it
     auto& u = *b->streams;
-    if (u.owner) u.pending.emplace_back(u.owner, u.owner->record());
-    for (Stream* s : u.users) u.pending.emplace_back(s, s->record());
+    if (u.owner) add_pending(u.pending, {std::move(u.owner), nullptr});
+    for (auto& t : u.users) add_pending(u.pending, {std::move(t), nullptr});
     u.owner = nullptr;
     u.users.clear();
   }
@@ -206,11 +227,14 @@ void BestFitPool::deallocate(const Allocation& a, const AllocRequest&) {
 }
 
 void BestFitPool::record_stream(const Allocation& a, Stream* stream) {
+  if (!stream) return;  // the null stream orders nothing
   Block* b = static_cast<Block*>(a.handle);
   if (!b->streams) b->streams = std::make_unique<Block::StreamUse>();
   auto& u = *b->streams;
-  if (u.owner != stream && std::find(u.users.begin(), u.users.end(), stream) == u.users.end())
-    u.users.push_back(stream);
+  const uint64_t id = stream->id();
+  const auto same = [&](const std::shared_ptr<StreamToken>& t) { return t->id() == id; };
+  if (!(u.owner && same(u.owner)) && std::none_of(u.users.begin(), u.users.end(), same))
+    u.users.push_back(stream->token());
 }
 
 size_t BestFitPool::largest_free_block() const {

@@ -58,12 +58,17 @@ class BestFitPool final : public MemoryResource {
   BestFitPool(const BestFitPool&) = delete;
   BestFitPool& operator=(const BestFitPool&) = delete;
 
-  // Stream-ordered (RMM's rule): a block belongs to the stream it was allocated for. When it is
-  // freed, an event is recorded on that stream and on every stream handed it with
-  // record_stream(); the block is then reused at once by the same stream (its later work is
-  // ordered after the earlier), and by another stream only once those events have completed.
-  // When nothing else fits and the pool cannot grow, a pending block is taken after its events
-  // are waited for on the host (never handed over early). A null stream records no events.
+  // Stream-ordered (RMM's rule): a block belongs to the stream it was allocated for, and to every
+  // stream handed it with record_stream(). Once freed it is reused at once by those streams (their
+  // later work is ordered after the earlier), and by any other stream only once an event on each of
+  // them has completed. The event is recorded when another stream first asks for the block, not at
+  // every free (most blocks go back to their own stream: PyTorch's caching allocator records none
+  // for them either); an event recorded later covers all the work the free had to wait for. Streams
+  // are named by StreamToken, never by pointer: a stream that dies leaves its last event behind
+  // (blocks freed after it are waited for, on any thread), and a new stream at a dead one's address
+  // is another stream. When nothing else fits and the pool cannot grow, a pending block is taken
+  // after its events are waited for on the host (never handed over early). A null stream records
+  // no events.
   Allocation allocate(const AllocRequest& r) override;
   void deallocate(const Allocation& a, const AllocRequest& r) override;
   void record_stream(const Allocation& a, Stream* stream) override;
@@ -92,18 +97,26 @@ class BestFitPool final : public MemoryResource {
     Block* free_prev = nullptr;  // neighbours in its class's free list while free
     Block* free_next = nullptr;
     // Stream ordering, only for asynchronous streams (null on CPU: nothing to track).
+    // One stream's work that a free block must wait for: `event` once recorded (null until
+    // another stream asks; `token` records it then).
+    struct Pending {
+      std::shared_ptr<StreamToken> token;
+      std::shared_ptr<Event> event;
+    };
     struct StreamUse {
-      Stream* owner = nullptr;                                          // allocated for
-      std::vector<Stream*> users;                                       // record_stream()
-      std::vector<std::pair<Stream*, std::shared_ptr<Event>>> pending;  // free: events to pass
+      std::shared_ptr<StreamToken> owner;               // allocated for
+      std::vector<std::shared_ptr<StreamToken>> users;  // record_stream()
+      std::vector<Pending> pending;                     // free: at most one entry per stream
     };
     std::unique_ptr<StreamUse> streams;
   };
   static int class_of(size_t size);
   // The first class at or above `c` holding a free block; -1 when none.
   int next_nonempty(int c) const;
-  // True when `stream` may take free block b now: every pending event is its own or done.
+  // True when `stream` may take free block b now: every pending entry is its own or done.
   static bool usable_by(Block* b, Stream* stream);
+  // Adds `p` to `into`'s entries: one per stream, a not-yet-recorded event covering a recorded one.
+  static void add_pending(std::vector<Block::Pending>& into, Block::Pending p);
   static void merge_pending(Block* into, Block* from);
 
   Block* new_block();

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +45,8 @@ namespace {
   } while (0)
 
 cuk::DPtr dp(const Tensor& t) { return {t.raw(), static_cast<int>(t.dtype())}; }
+// Scratch regions start on 256-byte boundaries (what cudaMalloc guarantees for the first).
+size_t align_up(size_t bytes) { return (bytes + 255) & ~size_t(255); }
 
 void require_float(const Tensor& t, const char* who) {
   if (t.dtype() != DType::f32 && t.dtype() != DType::f16 && t.dtype() != DType::bf16)
@@ -78,8 +81,20 @@ cudnnMathType_t conv_math_type(DType dt, bool tf32) {
   if (dt != DType::f32) return CUDNN_TENSOR_OP_MATH;
   return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
-// Only algorithms that give bit-identical results run to run (no atomics in backward filter).
-bool deterministic() { return env_flag("REPLICA_DETERMINISTIC"); }
+// Deterministic mode (Backend::set_deterministic; train.deterministic, REPLICA_DETERMINISTIC):
+// only algorithms that give bit-identical results run to run (no atomics in backward filter),
+// ranked by cuDNN's heuristics (the same choice every run), never by timing. -1: not yet set,
+// read from REPLICA_DETERMINISTIC on first use. One setting for the process, as the backend is
+// one instance for every GPU replica.
+std::atomic<int> g_deterministic{-1};
+bool deterministic() {
+  int v = g_deterministic.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = env_flag("REPLICA_DETERMINISTIC") ? 1 : 0;
+    g_deterministic.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 // "find" (default): time every algorithm once per shape, like cudnn.benchmark; "heuristic":
 // cuDNN's ranking without timing (instant, sometimes slower).
 bool use_find() {
@@ -216,7 +231,8 @@ std::string geom_str(const ConvGeom& g) {
 }
 
 ConvPlan& plan_for(ThreadState& ts, const ConvGeom& g, DType dt) {
-  ConvKey key{{g.N, g.H, g.W, g.C, g.K, g.R, g.S, g.stride, g.pad, static_cast<int64_t>(dt)}};
+  // Deterministic mode chooses among fewer algorithms in another way: plans of either mode apart.
+  ConvKey key{{g.N, g.H, g.W, g.C, g.K, g.R, g.S, g.stride, g.pad, static_cast<int64_t>(dt) | (deterministic() ? 256 : 0)}};
   auto& p = ts.plans[key];
   if (p) return *p;
   p = std::make_unique<ConvPlan>();
@@ -270,7 +286,7 @@ void pick(ConvPlan& p, int dir, const Perf* perf, int n, size_t cap, const ConvG
   }
   if (!p.chosen[dir])
     throw CudaError(std::string("cuDNN has no usable ") + what + " algorithm for " + geom_str(g) +
-                    (det ? " under REPLICA_DETERMINISTIC=1" : "") + " within a workspace of " + format_bytes(cap) +
+                    (det ? " in deterministic mode (train.deterministic)" : "") + " within a workspace of " + format_bytes(cap) +
                     "; raise REPLICA_CUDNN_WORKSPACE_MB");
 }
 
@@ -283,7 +299,7 @@ void choose(ConvPlan& p, int dir, MemoryPool& pool, const ConvGeom& g, const cha
   Perf perf[Count];
   int n = 0;
   size_t cap = workspace_cap();
-  if (use_find()) {
+  if (use_find() && !deterministic()) {
     Tensor ws = find_workspace(pool, cap);
     cap = ws.defined() ? ws.nbytes() : 0;
     find(perf, &n, ws.defined() ? ws.raw() : nullptr, cap);
@@ -319,6 +335,8 @@ class CudaBackend final : public Backend {
   std::string name() const override {
     return "cuda (cuDNN " + std::to_string(cudnnGetVersion()) + ", cuBLAS)";
   }
+  void set_deterministic(bool on) override { g_deterministic.store(on ? 1 : 0); }
+  bool deterministic() const override { return ops::deterministic(); }
 
   void conv2d_forward(const Tensor& x_in, const Tensor& w, const Tensor& y, const ConvGeom& g,
                       MemoryPool& ws) override {
@@ -415,17 +433,18 @@ class CudaBackend final : public Backend {
     auto& ts = state();
     cudaStream_t s = stream();
     // scratch: acc[2C + 1] doubles (shifted sums, count, shifted squares) | f[2C + 1] floats for
-    // the sync-BN reduction | a[C] | b[C]
-    char* base = static_cast<char*>(ts.get_scratch((2 * C + 1) * sizeof(double) + (4 * C + 1) * sizeof(float) + 64));
+    // the sync-BN reduction | a[C] | b[C] | the per-block partial sums (kernels.h, bn_partials)
+    const size_t head = align_up((2 * C + 1) * sizeof(double) + (4 * C + 1) * sizeof(float));
+    char* base = static_cast<char*>(ts.get_scratch(head + cuk::bn_partials(M, C) * sizeof(double)));
     double* acc = reinterpret_cast<double*>(base);
     float* f = reinterpret_cast<float*>(acc + 2 * C + 1);
     float* a = f + 2 * C + 1;
     float* b = a + C;
-    REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, (2 * C + 1) * sizeof(double), s));
+    double* part = reinterpret_cast<double*>(base + head);
     // One pass for both moments, shifted by the running mean (identical on every replica under
     // sync-BN: all of them update it from the same global statistics), or by 0 where the running
     // mean is not finite (kernels.cu, bn_shift).
-    cuk::bn_shifted_moments(dp(x), M, C, running_mean.data<float>(), acc, s);
+    cuk::bn_shifted_moments(dp(x), M, C, running_mean.data<float>(), part, acc, s);
     cuk::set_double(acc + C, static_cast<double>(M), s);
     reduce(acc, f, 2 * C + 1, allreduce, s);  // one reduction for sums, count and squares
     cuk::bn_finalize_train(acc, C, dp(gamma), dp(beta), eps, momentum, save_mean.data<float>(),
@@ -451,11 +470,13 @@ class CudaBackend final : public Backend {
     auto& ts = state();
     cudaStream_t s = stream();
     const cuk::DPtr ry = relu_y.defined() ? dp(relu_y) : cuk::DPtr{};  // the fused ReLU's mask, read on the fly
-    // scratch: acc[2C + 1] (sum dy, sum dy * xhat, count) doubles | f[2C + 1] floats
-    double* acc = static_cast<double*>(ts.get_scratch((2 * C + 1) * (sizeof(double) + sizeof(float))));
+    // scratch: acc[2C + 1] (sum dy, sum dy * xhat, count) doubles | f[2C + 1] floats | partials
+    const size_t head = align_up((2 * C + 1) * (sizeof(double) + sizeof(float)));
+    char* base = static_cast<char*>(ts.get_scratch(head + cuk::bn_partials(M, C) * sizeof(double)));
+    double* acc = reinterpret_cast<double*>(base);
     float* f = reinterpret_cast<float*>(acc + 2 * C + 1);
-    REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, (2 * C + 1) * sizeof(double), s));
-    cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, save_mean.data<float>(), save_invstd.data<float>(), acc, s);
+    double* part = reinterpret_cast<double*>(base + head);
+    cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, save_mean.data<float>(), save_invstd.data<float>(), part, acc, s);
     cuk::bn_accumulate_params(acc, C, dgamma.data<float>(), dbeta.data<float>(), s);
     cuk::set_double(acc + 2 * C, static_cast<double>(M), s);
     reduce(acc, f, 2 * C + 1, allreduce, s);  // sync-BN: dx needs the sums over the global batch
@@ -471,9 +492,11 @@ class CudaBackend final : public Backend {
     auto& ts = state();
     cudaStream_t s = stream();
     const cuk::DPtr ry = relu_y.defined() ? dp(relu_y) : cuk::DPtr{};
-    double* acc = static_cast<double*>(ts.get_scratch(2 * C * sizeof(double)));
-    REPLICA_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * C * sizeof(double), s));
-    cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, mean.data<float>(), invstd.data<float>(), acc, s);
+    const size_t head = align_up(2 * C * sizeof(double));
+    char* base = static_cast<char*>(ts.get_scratch(head + cuk::bn_partials(M, C) * sizeof(double)));
+    double* acc = reinterpret_cast<double*>(base);
+    cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, mean.data<float>(), invstd.data<float>(),
+                          reinterpret_cast<double*>(base + head), acc, s);
     cuk::bn_accumulate_params(acc, C, dgamma.data<float>(), dbeta.data<float>(), s);
     cuk::bn_backward_apply(dp(dy), ry, dp(x), dp(gamma), mean.data<float>(), invstd.data<float>(), nullptr, dp(dx), M,
                            C, s);
@@ -610,8 +633,8 @@ class CudaBackend final : public Backend {
   double sum_squares(const Tensor& x) override {
     require_f32(x, "sum_squares");
     auto& ts = state();
-    double* out = static_cast<double*>(ts.get_scratch(sizeof(double)));
-    cuk::sum_squares(x.data<float>(), x.numel(), out, stream());
+    double* out = static_cast<double*>(ts.get_scratch((1 + cuk::kReduceBlocks) * sizeof(double)));
+    cuk::sum_squares(x.data<float>(), x.numel(), out, out + 1, stream());
     double r = 0;
     fetch(ts, out, &r, sizeof r);
     return r;
@@ -648,8 +671,8 @@ class CudaBackend final : public Backend {
     require_f32(x, "sum_squares");
     require_f32(out, "sum_squares (output)");
     auto& ts = state();
-    double* acc = static_cast<double*>(ts.get_scratch(sizeof(double)));
-    cuk::sum_squares(x.data<float>(), x.numel(), acc, stream());
+    double* acc = static_cast<double*>(ts.get_scratch((1 + cuk::kReduceBlocks) * sizeof(double)));
+    cuk::sum_squares(x.data<float>(), x.numel(), acc, acc + 1, stream());
     cuk::doubles_to_floats(acc, out.data<float>(), 1, stream());
   }
 
@@ -743,10 +766,11 @@ class CudaBackend final : public Backend {
       throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
                        std::to_string(labels.numel()) + " labels");
     cudaStream_t s = stream();
-    double* result = static_cast<double*>(ts.get_scratch(sizeof(double) + 2 * sizeof(int)));
+    // scratch: result (double) | counts (2 ints) | each row's loss (N doubles)
+    double* result = static_cast<double*>(ts.get_scratch((2 + static_cast<size_t>(N)) * sizeof(double)));
     int* counts = reinterpret_cast<int*>(result + 1);
-    REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double) + 2 * sizeof(int), s));
-    cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, result, counts, s);
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(counts, 0, 2 * sizeof(int), s));
+    cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, result + 2, result, counts, s);
     return result;
   }
 

@@ -128,11 +128,21 @@ __device__ double block_sum(double v) {
   return v;
 }
 
-__global__ void k_sum_squares(const float* x, int64_t n, double* out) {
+// Every reduction here is deterministic: each block writes its partial sum, and one pass adds the
+// partials in index order (no float or double atomics, whose order varies from run to run).
+__global__ void k_sum_squares(const float* x, int64_t n, double* part) {
   double acc = 0;
   GRID_STRIDE(i, n) acc += static_cast<double>(x[i]) * x[i];
   acc = block_sum(acc);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+// *out = the sum of part[0, n): one block, each thread a fixed stride, then the fixed shuffle tree.
+__global__ void k_sum_partials(const double* part, int64_t n, double* out) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
 }
 
 __global__ void k_segment_sum_squares(const float* x, const int64_t* off, const int64_t* cnt, double* out) {
@@ -222,13 +232,16 @@ __global__ void k_lars(float* p, const float* g, float* buf, int64_t n, float lr
 
 // ---- batch norm -------------------------------------------------------------------------------
 // Blocks of 32 channels x 8 row lanes; each thread folds f32 partials of 32 rows into a double
-// (the CPU backend's scheme), the block combines its 8 lanes and adds one double per channel.
+// (the CPU backend's scheme), the block combines its 8 lanes and writes one double per channel
+// and block row; k_bn_fold then adds the block rows in index order (no atomics: the same bits in
+// every run).
 
 constexpr int kBnRows = 8;
 
-// Combines the kBnRows row lanes of a 32-channel block and adds channel c's two sums into
-// out1[c] and out2[c] (one double atomic each per block). Every thread of the block calls it.
-__device__ void add_channel_sums(double t1, double t2, int C, int c, double* out1, double* out2) {
+// Combines the kBnRows row lanes of a 32-channel block and writes channel c's two sums as this
+// block row's partials part[y][c] and part[y][C + c] (part: [gridDim.y][2C]). Every thread of the
+// block calls it.
+__device__ void write_channel_partials(double t1, double t2, int C, int c, double* part) {
   __shared__ double s1[kBnRows][32], s2[kBnRows][32];
   s1[threadIdx.y][threadIdx.x] = t1;
   s2[threadIdx.y][threadIdx.x] = t2;
@@ -239,8 +252,22 @@ __device__ void add_channel_sums(double t1, double t2, int C, int c, double* out
       a += s1[j][threadIdx.x];
       b += s2[j][threadIdx.x];
     }
-    atomicAdd(out1 + c, a);
-    atomicAdd(out2 + c, b);
+    double* row = part + static_cast<int64_t>(blockIdx.y) * 2 * C;
+    row[c] = a;
+    row[C + c] = b;
+  }
+}
+
+// out1[c] = sum over block rows r of part[r][c], out2[c] likewise of part[r][C + c], r ascending.
+__global__ void k_bn_fold(const double* part, int rows, int C, double* out1, double* out2) {
+  GRID_STRIDE(c, C) {
+    double a = 0, b = 0;
+    for (int r = 0; r < rows; ++r) {
+      a += part[static_cast<int64_t>(r) * 2 * C + c];
+      b += part[static_cast<int64_t>(r) * 2 * C + C + c];
+    }
+    out1[c] = a;
+    out2[c] = b;
   }
 }
 
@@ -284,7 +311,7 @@ __device__ __forceinline__ float bn_shift(const float* shift, int c) {
   return isfinite(k) ? k : 0.f;
 }
 
-__global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, double* acc) {
+__global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, double* part) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   double2 t = make_double2(0.0, 0.0);
   if (c < C) {
@@ -294,7 +321,7 @@ __global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, doubl
       return make_float2(d, d * d);
     });
   }
-  add_channel_sums(t.x, t.y, C, c, acc, acc + C + 1);
+  write_channel_partials(t.x, t.y, C, c, part);
 }
 
 // The gradient reaching batch norm: dy, or zero where a fused ReLU's output was not positive.
@@ -303,7 +330,7 @@ __device__ __forceinline__ float masked_dy(DPtr dy, DPtr ry, int64_t i) {
 }
 
 __global__ void k_bn_bwd_sums(DPtr dy, DPtr ry, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
-                              double* acc) {
+                              double* part) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   double2 t = make_double2(0.0, 0.0);
   if (c < C) {
@@ -313,7 +340,7 @@ __global__ void k_bn_bwd_sums(DPtr dy, DPtr ry, DPtr x, int64_t M, int C, const 
       return make_float2(g, g * (ld(x.p, x.dt, i) - mu) * inv);
     });
   }
-  add_channel_sums(t.x, t.y, C, c, acc, acc + C);
+  write_channel_partials(t.x, t.y, C, c, part);
 }
 
 dim3 bn_grid(int64_t M, int C) {
@@ -525,7 +552,7 @@ __global__ void k_bias_grad(DPtr dy, float* db, int N, int O) {
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
 // One block per row: max and first argmax, then the double sum of exponentials.
-__global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, double* result, int* counts) {
+__global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, double* row_loss, int* counts) {
   const int row = blockIdx.x;
   const int64_t base = static_cast<int64_t>(row) * K;
   __shared__ float smax[kThreads];
@@ -566,10 +593,12 @@ __global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, double*
   if (threadIdx.x == 0) {
     const int lab = labels[row];
     if (lab < 0 || lab >= K) {
+      row_loss[row] = 0;
       atomicCAS(counts + 1, 0, row + 1);  // the first bad row found
     } else {
-      atomicAdd(result, log(total) - (static_cast<double>(ld(z.p, z.dt, base + lab)) - mx));
-      if (am == lab) atomicAdd(counts, 1);
+      // Per row, summed in row order afterwards: the loss has the same bits in every run.
+      row_loss[row] = log(total) - (static_cast<double>(ld(z.p, z.dt, base + lab)) - mx);
+      if (am == lab) atomicAdd(counts, 1);  // integers: any order gives the same count
     }
   }
 }
@@ -606,14 +635,23 @@ void fill(DPtr y, float v, int64_t n, cudaStream_t s) { LAUNCH(k_fill, n, s, y, 
 void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_scale, n, s, y, alpha, n); }
 void rsqrt_eps(const float* x, float* y, float eps, int64_t n, cudaStream_t s) { LAUNCH(k_rsqrt_eps, n, s, x, y, eps, n); }
 
-// Reductions into one address: a bounded grid, so a few thousand atomics finish the sum.
-int reduce_grid(int64_t n) { return std::min(grid_for(n), 2048); }
+// Reductions into one address: a bounded grid, whose kReduceBlocks partials one block then adds.
+int reduce_grid(int64_t n) { return std::min(grid_for(n), kReduceBlocks); }
 
-void sum_squares(const float* x, int64_t n, double* out, cudaStream_t s) {
-  REPLICA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), s));
-  if (n <= 0) return;
-  k_sum_squares<<<reduce_grid(n), kThreads, 0, s>>>(x, n, out);
+void sum_partials(const double* part, int64_t n, double* out, cudaStream_t s) {
+  k_sum_partials<<<1, kThreads, 0, s>>>(part, n, out);
+  check_launch("k_sum_partials");
+}
+
+void sum_squares(const float* x, int64_t n, double* out, double* part, cudaStream_t s) {
+  if (n <= 0) {
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), s));
+    return;
+  }
+  const int blocks = reduce_grid(n);
+  k_sum_squares<<<blocks, kThreads, 0, s>>>(x, n, part);
   check_launch("k_sum_squares");
+  sum_partials(part, blocks, out, s);
 }
 
 void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* counts, int segments, double* out,
@@ -658,16 +696,26 @@ void lars_ratios(const float* w, const float* g, const int64_t* offsets, const i
   check_launch("k_lars_ratios");
 }
 
-void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* acc, cudaStream_t s) {
+int64_t bn_partials(int64_t M, int C) {
+  return M <= 0 || C <= 0 ? 0 : static_cast<int64_t>(bn_grid(M, C).y) * 2 * C;
+}
+void bn_fold(const double* part, int rows, int C, double* out1, double* out2, cudaStream_t s) {
+  LAUNCH(k_bn_fold, C, s, part, rows, C, out1, out2);
+}
+void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* part, double* acc, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
-  k_bn_moments<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(x, M, C, shift, acc);
+  const dim3 grid = bn_grid(M, C);
+  k_bn_moments<<<grid, dim3(32, kBnRows), 0, s>>>(x, M, C, shift, part);
   check_launch("k_bn_moments");
+  bn_fold(part, static_cast<int>(grid.y), C, acc, acc + C + 1, s);
 }
 void bn_backward_sums(DPtr dy, DPtr relu_y, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
-                      double* acc, cudaStream_t s) {
+                      double* part, double* acc, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
-  k_bn_bwd_sums<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(dy, relu_y, x, M, C, mean, invstd, acc);
+  const dim3 grid = bn_grid(M, C);
+  k_bn_bwd_sums<<<grid, dim3(32, kBnRows), 0, s>>>(dy, relu_y, x, M, C, mean, invstd, part);
   check_launch("k_bn_bwd_sums");
+  bn_fold(part, static_cast<int>(grid.y), C, acc, acc + C, s);
 }
 void doubles_to_floats(const double* a, float* f, int n, cudaStream_t s) { LAUNCH(k_d2f, n, s, a, f, n); }
 void floats_to_doubles(const float* f, double* a, int n, cudaStream_t s) { LAUNCH(k_f2d, n, s, f, a, n); }
@@ -723,11 +771,15 @@ void bias_broadcast(DPtr b, DPtr y, int N, int O, cudaStream_t s) {
 }
 void bias_grad(DPtr dy, float* db, int N, int O, cudaStream_t s) { LAUNCH(k_bias_grad, O, s, dy, db, N, O); }
 
-void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K, double* result, int* counts,
-                          cudaStream_t s) {
-  if (N <= 0) return;
-  k_xent<<<N, kThreads, 0, s>>>(logits, labels, probs, K, result, counts);
+void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K, double* row_loss,
+                          double* result, int* counts, cudaStream_t s) {
+  if (N <= 0) {
+    REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), s));
+    return;
+  }
+  k_xent<<<N, kThreads, 0, s>>>(logits, labels, probs, K, row_loss, counts);
   check_launch("k_xent");
+  sum_partials(row_loss, N, result, s);
 }
 void xent_fold(const double* result, const int* counts, float* sums, cudaStream_t s) {
   k_xent_fold<<<1, 1, 0, s>>>(result, counts, sums);

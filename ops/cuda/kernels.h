@@ -33,8 +33,12 @@ void fill(DPtr y, float v, int64_t n, cudaStream_t s);
 void scale(DPtr y, float alpha, int64_t n, cudaStream_t s);
 void rsqrt_eps(const float* x, float* y, float eps, int64_t n, cudaStream_t s);
 
-// Reductions into device doubles (`out` is zeroed by the launcher).
-void sum_squares(const float* x, int64_t n, double* out, cudaStream_t s);
+// Reductions into device doubles, deterministic: per-block partials (`part`: kReduceBlocks
+// doubles of scratch) added in a fixed order, never atomics.
+constexpr int kReduceBlocks = 2048;
+void sum_squares(const float* x, int64_t n, double* out, double* part, cudaStream_t s);
+// *out = the sum of part[0, n) in a fixed order (one block).
+void sum_partials(const double* part, int64_t n, double* out, cudaStream_t s);
 // out[i] = sum of squares of x[offsets[i], offsets[i] + counts[i]); offsets/counts in device memory.
 void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* counts, int segments,
                          double* out, cudaStream_t s);
@@ -57,13 +61,17 @@ void lars_ratios(const float* w, const float* g, const int64_t* offsets, const i
 
 // Batch norm over [M, C] (channels last). Scratch layout is the caller's (see cuda_backend.cpp).
 // One pass over x for both moments, shifted by shift[c] (the running mean: close to the batch
-// mean, so the variance does not cancel catastrophically): acc[c] += x - K, acc[C + 1 + c] +=
-// (x - K)^2.
-void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* acc, cudaStream_t s);
-// acc[c] += g; acc[C + c] += g * (x - mean[c]) * invstd[c] with g = dy, masked by relu_y > 0 when
-// relu_y.p is set (a fused ReLU).
+// mean, so the variance does not cancel catastrophically): acc[c] = sum x - K, acc[C + 1 + c] =
+// sum (x - K)^2.
+// The sums are deterministic: per-block partials into `part` (bn_partials(M, C) doubles of
+// scratch), added in a fixed order into acc (acc = the sums, not +=).
+int64_t bn_partials(int64_t M, int C);
+void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* part, double* acc,
+                        cudaStream_t s);
+// acc[c] = sum g; acc[C + c] = sum g * (x - mean[c]) * invstd[c] with g = dy, masked by relu_y > 0
+// when relu_y.p is set (a fused ReLU); `part` as above.
 void bn_backward_sums(DPtr dy, DPtr relu_y, DPtr x, int64_t M, int C, const float* mean,
-                      const float* invstd, double* acc, cudaStream_t s);
+                      const float* invstd, double* part, double* acc, cudaStream_t s);
 void doubles_to_floats(const double* a, float* f, int n, cudaStream_t s);
 void floats_to_doubles(const float* f, double* a, int n, cudaStream_t s);
 void set_double(double* a, double v, cudaStream_t s);
@@ -94,11 +102,12 @@ void global_avgpool_backward(DPtr dy, DPtr dx, int N, int HW, int C, cudaStream_
 void bias_broadcast(DPtr b, DPtr y, int N, int O, cudaStream_t s);
 void bias_grad(DPtr dy, float* db, int N, int O, cudaStream_t s);
 
-// Softmax cross-entropy over [N, K] logits. result[0] += summed loss (double), counts[0] +=
-// correct argmax predictions, counts[1] = index + 1 of a row whose label is outside [0, K) (0: none).
-// The caller zeroes result and counts.
+// Softmax cross-entropy over [N, K] logits. result[0] = summed loss (double; the rows' losses go
+// to row_loss[N] and are added in row order: the same bits every run), counts[0] += correct argmax
+// predictions, counts[1] = index + 1 of a row whose label is outside [0, K) (0: none). The caller
+// zeroes counts.
 void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K,
-                          double* result, int* counts, cudaStream_t s);
+                          double* row_loss, double* result, int* counts, cudaStream_t s);
 // sums[0] += result[0], sums[1] += counts[0], sums[2] += 1 if counts[1] (one thread, on-stream).
 void xent_fold(const double* result, const int* counts, float* sums, cudaStream_t s);
 void softmax_xent_backward(DPtr probs, const int32_t* labels, float scale, DPtr dlogits, int N,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <new>
 #include <random>
 #include <thread>
 #include <vector>
@@ -501,31 +502,37 @@ TEST(StreamOrderedPool, AFreedBlockGoesToAnotherStreamOnlyAfterItsEvent) {
   auto pool = sim_pool(AllocatorMode::growth, 256 * MiB);
   QueueStream a, b;
   void* p = pool->allocate(MiB, MemTag::activations, &a);
+  a.launch();  // a kernel on a reads p
   pool->deallocate(p);  // a's queued work may still read it
+  EXPECT_EQ(a.recorded(), 0) << "a free records no event while nobody else asks for the block";
   void* q = pool->allocate(MiB, MemTag::activations, &b);
   EXPECT_NE(q, p) << "handed to stream b while stream a's work on it is pending";
+  EXPECT_EQ(a.recorded(), 1) << "stream b's request recorded a's event once";
   void* p2 = pool->allocate(MiB, MemTag::activations, &a);
   EXPECT_EQ(p2, p) << "the same stream reuses it at once (its later work is ordered after)";
+  a.launch();
   pool->deallocate(p2);
   a.run_all();  // a's work is done: anyone may take it now
   void* q2 = pool->allocate(MiB, MemTag::activations, &b);
   EXPECT_EQ(q2, p);
-  EXPECT_EQ(a.host_waits + b.host_waits, 0) << "no host waits while something else fits";
+  EXPECT_EQ(a.host_waits() + b.host_waits(), 0) << "no host waits while something else fits";
   for (void* x : {q, q2}) pool->deallocate(x);
 }
 
 TEST(StreamOrderedPool, RecordStreamMakesTheFreeWaitForTheOtherStream) {
   auto pool = sim_pool(AllocatorMode::growth, 256 * MiB);
-  QueueStream copy, compute;
+  QueueStream copy, compute, other;
   void* p = pool->allocate(MiB, MemTag::data, &copy);  // written by the copy stream...
+  copy.launch();
   pool->record_stream(p, &compute);                    // ...read by the compute stream
+  compute.launch();
   pool->deallocate(p);
   copy.run_all();  // the copy is done, compute's read is not
-  void* q = pool->allocate(MiB, MemTag::data, &copy);
-  EXPECT_NE(q, p) << "the copy stream reused a block the compute stream may still read";
+  void* q = pool->allocate(MiB, MemTag::data, &other);
+  EXPECT_NE(q, p) << "a third stream took a block the compute stream may still read";
   compute.run_all();
   pool->deallocate(q);
-  void* r = pool->allocate(MiB, MemTag::data, &copy);
+  void* r = pool->allocate(MiB, MemTag::data, &other);
   EXPECT_TRUE(r == p || r == q);
   pool->deallocate(r);
 }
@@ -534,23 +541,82 @@ TEST(StreamOrderedPool, WhenNothingElseFitsThePendingBlockIsTakenAfterAHostWait)
   auto pool = sim_pool(AllocatorMode::preallocate, 4 * MiB);
   QueueStream a, b;
   void* p = pool->allocate(4 * MiB, MemTag::activations, &a);
+  a.launch();
   pool->deallocate(p);
   void* q = pool->allocate(4 * MiB, MemTag::activations, &b);  // the only block there is
   EXPECT_EQ(q, p);
-  EXPECT_EQ(a.host_waits, 1) << "stream a's event was waited for before the hand-over";
-  EXPECT_EQ(a.completed, a.recorded);
+  EXPECT_EQ(a.host_waits(), 1) << "stream a's event was waited for before the hand-over";
+  EXPECT_EQ(a.completed(), a.queued());
   pool->deallocate(q);
-  // Coalesced neighbours keep every event: two halves freed on a, then one block for b.
+  // Coalesced neighbours keep every stream's work: two halves freed on a, then one block for b.
   b.run_all();
   void* h1 = pool->allocate(2 * MiB, MemTag::activations, &a);
+  a.launch();
   void* h2 = pool->allocate(2 * MiB, MemTag::activations, &a);
+  a.launch();
   pool->deallocate(h1);
   pool->deallocate(h2);
-  const int64_t waits = a.host_waits;
+  const int64_t waits = a.host_waits();
   void* whole = pool->allocate(4 * MiB, MemTag::activations, &b);
   EXPECT_EQ(whole, h1 < h2 ? h1 : h2);
-  EXPECT_GT(a.host_waits, waits) << "the merged block waited for both halves' events";
-  EXPECT_EQ(a.completed, a.recorded);
+  EXPECT_GT(a.host_waits(), waits) << "the merged block waited for both halves' work";
+  EXPECT_EQ(a.completed(), a.queued());
   pool->deallocate(whole);
   EXPECT_EQ(pool->stats().in_use, 0u);
+}
+
+// The lifetime order that crashed on a GPU (BackendConformance.LargeShapesOnAnotherThreadAndStream,
+// 2026-12-04): a stream made on a worker thread, allocated on, destroyed there, and its blocks freed
+// later on another thread. Under ASan (CI) any use of the dead stream is an error; the blocks must
+// still wait for the dead stream's queued work, and a new stream built at the dead one's address
+// must be taken for another stream (a pointer comparison would skip that wait).
+TEST(StreamOrderedPool, BlocksOutliveTheirStreamAndAStreamAtTheSameAddressIsAnother) {
+  auto pool = sim_pool(AllocatorMode::growth, 256 * MiB);
+  alignas(QueueStream) unsigned char storage[sizeof(QueueStream)];
+  std::vector<void*> blocks;
+  std::shared_ptr<QueueStream::State> dead_work;
+  uint64_t dead_id = 0;
+  std::thread worker([&] {
+    auto* s = new (storage) QueueStream();
+    for (int i = 0; i < 3; ++i) blocks.push_back(pool->allocate(MiB, MemTag::activations, s));
+    s->launch();  // kernels on s still read the blocks when s is destroyed
+    dead_work = s->state();
+    dead_id = s->id();
+    s->~QueueStream();
+  });
+  worker.join();
+  for (void* p : blocks) pool->deallocate(p);  // on another thread, after the stream is gone
+
+  auto* again = new (storage) QueueStream();  // the same address as the dead stream
+  ASSERT_EQ(static_cast<void*>(again), static_cast<void*>(storage));
+  EXPECT_NE(again->id(), dead_id) << "a stream id was reused";
+  void* q = pool->allocate(MiB, MemTag::activations, again);
+  EXPECT_TRUE(std::find(blocks.begin(), blocks.end(), q) == blocks.end())
+      << "the new stream at the dead one's address took a block the dead stream's work still reads";
+  EXPECT_EQ(dead_work->host_waits, 0);
+  for (void* x : {q}) pool->deallocate(x);
+  again->~QueueStream();
+  dead_work->run_all();
+
+  // Preallocated and full: the only free block is one a dead stream freed, and a new stream at the
+  // dead one's address asks for it. It is taken after a host wait on the dead stream's last event,
+  // never early (taking it for the same stream would skip that wait).
+  auto small = sim_pool(AllocatorMode::preallocate, 4 * MiB);
+  std::shared_ptr<QueueStream::State> work;
+  void* only = nullptr;
+  std::thread t2([&] {
+    auto* s = new (storage) QueueStream();
+    only = small->allocate(4 * MiB, MemTag::activations, s);
+    s->launch();
+    work = s->state();
+    s->~QueueStream();
+  });
+  t2.join();
+  small->deallocate(only);
+  auto* same_address = new (storage) QueueStream();
+  EXPECT_EQ(small->allocate(4 * MiB, MemTag::activations, same_address), only);
+  EXPECT_EQ(work->host_waits, 1) << "handed over without waiting for the dead stream's work";
+  EXPECT_EQ(work->completed, work->queued);
+  small->deallocate(only);
+  same_address->~QueueStream();
 }

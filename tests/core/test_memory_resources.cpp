@@ -202,11 +202,12 @@ TEST(BestFitPool, AFreedBlockGoesToAnotherStreamOnlyAfterItsEvent) {
   QueueStream s1, s2;
   auto ra = req(6 * MiB, MemTag::activations, &s1);
   Allocation a = pool.allocate(ra);
+  s1.launch();             // a kernel on s1 reads it
   pool.deallocate(a, ra);  // s1's queued work may still read it
   auto rb = req(MiB, MemTag::activations, &s2);
   Allocation b = pool.allocate(rb);
   // Only one 8 MiB block exists: taking it before s1's event would be a race, so the pool waits.
-  EXPECT_EQ(s1.host_waits, 1) << "handed to s2 without waiting for s1's event";
+  EXPECT_EQ(s1.host_waits(), 1) << "handed to s2 without waiting for s1's event";
   pool.deallocate(b, rb);
   s2.run_all();
   EXPECT_EQ(pool.info().largest_free, 8 * MiB);

@@ -60,12 +60,16 @@ run_one() {  # id claim file find replace tests...
   results+=("| $id | $claim | $verdict${by:+ by $by} |")
   echo "mutate: $id: $verdict${by:+ by $by}" >&2
 }
-id="" claim="" file="" find="" replace="" tests=()
+id="" claim="" file="" find="" replace="" device="" tests=()
 flush() {
   if [ -n "$id" ] && { [ "$only" = "  " ] || [[ "$only" == *" $id "* ]]; }; then
-    run_one "$id" "$claim" "$file" "$find" "$replace" "${tests[@]}"
+    if [ "$device" = cuda ]; then  # CUDA code, killed only where a GPU runs it: scripts/gpu-bundle.sh
+      results+=("| $id | $claim | on a GPU: scripts/gpu-bundle.sh builds it, scripts/gpu-check.sh runs it |")
+    else
+      run_one "$id" "$claim" "$file" "$find" "$replace" "${tests[@]}"
+    fi
   fi
-  id="" claim="" file="" find="" replace="" tests=()
+  id="" claim="" file="" find="" replace="" device="" tests=()
 }
 while IFS= read -r line || [ -n "$line" ]; do
   case "$line" in
@@ -76,6 +80,7 @@ while IFS= read -r line || [ -n "$line" ]; do
     file:*) file="${line#file: }" ;;
     find:*) find="${line#find: }" ;;
     replace:*) replace="${line#replace: }" ;;
+    device:*) device="${line#device: }" ;;
     test:*) tests+=("${line#test: }") ;;
     *) echo "mutate: $list: cannot read the line '$line'" >&2; exit 2 ;;
   esac

@@ -18,7 +18,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "core/pools.h"
@@ -30,6 +32,7 @@
 #include "support/compare.h"
 #include "support/host_sync_probe.h"
 #include "support/scratch.h"
+#include "train/checkpoint.h"
 #include "train/model_io.h"
 #include "train/trainer.h"
 
@@ -482,12 +485,15 @@ INSTANTIATE_TEST_SUITE_P(F32, BackendConformanceF32,
 
 #ifndef REPLICA_CONFORMANCE_CPU_VARIANTS
 
-// 20 training steps of ResNet-20 on one GPU track the CPU run: losses and final parameters.
-struct TrainingRun {
-  std::vector<float> losses, params;
-};
-TrainingRun train_run(const std::string& devices, const std::string& precision,
-                      const std::vector<std::string>& extra = {}) {
+// The GPU training step held to what can be held exactly (issue: GPU tests that fail only for
+// real faults). A 20-step trajectory at lr 0.1 amplifies rounding until two correct GPU runs
+// differ as much as GPU and CPU do (2026-12-04: step 1 identical, step 2 within 1e-5, step 20
+// ~4e-3), so the comparisons are: (a) one step from the same state, CPU against GPU, per tensor;
+// (b) deterministic GPU runs against themselves, bit for bit; (c) a short trajectory.
+
+// The training runs of this file: ResNet-20 (width 16) on synthetic 16x16x3 images, batch 64.
+std::vector<std::string> gpu_run_sets(const std::string& devices, const std::string& precision, int64_t steps,
+                                      const std::string& dir, const std::vector<std::string>& extra = {}) {
   std::vector<std::string> sets = {"model.arch=resnet20",
                                    "data.dataset=synthetic",
                                    "data.synthetic_shape=[16,16,3]",
@@ -495,10 +501,12 @@ TrainingRun train_run(const std::string& devices, const std::string& precision,
                                    "data.std=[0.25,0.25,0.25]",
                                    "data.synthetic_size=2048",
                                    "train.global_batch=64",
-                                   "train.max_steps=20",
+                                   "train.max_steps=" + std::to_string(steps),
                                    "train.eval=false",
+                                   "train.tensorboard=false",
                                    "train.precision=" + precision,
-                                   "train.run_dir=" + ::testing::TempDir() + "/cuda_conformance",
+                                   "train.run_dir=" + ::testing::TempDir() + "/cuda_conformance_" + dir,
+                                   "checkpoint.every_epochs=0",
                                    "optim.schedule=constant",
                                    "optim.lr=0.05",
                                    "memory.mode=growth",
@@ -507,100 +515,215 @@ TrainingRun train_run(const std::string& devices, const std::string& precision,
   // does) and would skip the first steps at 65536 where the CPU, accumulating in f32, does not.
   if (precision == "fp16") sets.push_back("train.loss_scale=128");
   sets.insert(sets.end(), extra.begin(), extra.end());
-  auto cfg = train::parse_config("", "test", sets);
-  TrainingRun run;
-  train::Trainer t(cfg, {.print = false, .on_step = [&](const train::StepStatus& s) {
-                           run.losses.push_back(static_cast<float>(s.loss));
-                         }});
-  t.fit();
-  // The masters whole from the model file (sharded beside a 16-bit copy, params() is a shard).
-  const std::string bytes = replica::testing::file_bytes(cfg.train.run_dir + "/model.bin");
-  const train::ModelFile mf = train::parse_model_file(bytes, "model.bin");
-  run.params.resize(mf.params.size() / sizeof(float));
-  std::memcpy(run.params.data(), mf.params.data(), mf.params.size());
-  return run;
+  return sets;
 }
 
-TEST(CudaTraining, TwentyStepsOfResNet20TrackTheCpuRun) {
+// Everything a run leaves: each step's status, the model file, the last checkpoint's sections
+// (but the config, which names the run directory), and replica 0's state after the last step.
+struct GpuRun {
+  train::FitResult fit;
+  std::string model_bin;
+  std::map<std::string, std::string> checkpoint;
+  std::vector<float> params, grads, buffers;  // replica 0's masters (unsharded runs), gradients, statistics
+  std::vector<nn::ParamSlot> slots;
+};
+GpuRun gpu_run(const std::vector<std::string>& sets, const std::string& resume = "") {
+  auto cfg = train::parse_config("", "test", sets);
+  if (resume.empty()) std::filesystem::remove_all(cfg.train.run_dir);  // no checkpoint of an earlier test run
+  train::Trainer t(cfg, {.print = false, .on_step = nullptr, .resume = resume});
+  GpuRun r;
+  r.fit = t.fit();
+  r.model_bin = replica::testing::file_bytes(cfg.train.run_dir + "/model.bin");
+  r.checkpoint = train::read_checkpoint(r.fit.last_checkpoint).sections;
+  r.checkpoint.erase("config");
+  auto& m = t.model(0);
+  if (!m.masters_sharded()) r.params = host_floats(m.params());
+  if (m.grads().defined()) r.grads = host_floats(m.grads());
+  r.buffers = host_floats(m.buffers());
+  r.slots = m.registry().params();
+  return r;
+}
+
+// ||a - b|| / ||b|| over [offset, offset + n) (0 when both are zero; infinite for a non-finite a).
+double norm_rel(const std::vector<float>& a, const std::vector<float>& b, int64_t offset, int64_t n) {
+  double d = 0, r = 0;
+  for (int64_t i = offset; i < offset + n; ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    const double x = static_cast<double>(a[i]) - b[i];
+    d += x * x;
+    r += static_cast<double>(b[i]) * b[i];
+  }
+  return d == 0 ? 0 : std::sqrt(d) / std::max(std::sqrt(r), 1e-30);
+}
+
+// (a) One step from the same state (the same seed: identical initial parameters and batch), CPU
+// against GPU: the loss, every parameter tensor's gradient and updated value, and the batch-norm
+// running statistics, each relative to its own norm. The bound follows from the storage dtype:
+// both sides round every stored activation to it at the same places and differ only where a sum
+// in another order (cuDNN's algorithms, the GPU's reductions) rounds to the neighbouring value,
+// so a tensor is off by a few units of its dtype's rounding u (fp16 2^-11, bf16 2^-8) per layer it
+// passed through: 8 u over ResNet-20's depth (3.9e-3 and 3.1e-2: the op-level tolerances of this
+// suite, now held per tensor after a whole step). fp32 differs only in summation order: 2e-5, the
+// suite's f32 tolerance. The values measured on an H200 print
+// beside each bound (bench/RESULTS.md has them).
+TEST(CudaTraining, OneStepFromTheSameStateMatchesTheCpuPerTensor) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  struct Case {
+    const char* precision;
+    const char* cpu;
+    const char* gpu;
+    std::vector<std::string> extra;
+    double bound;
+  };
+  const double u16 = std::ldexp(1.0, -11), ub16 = std::ldexp(1.0, -8);
+  const Case cases[] = {
+      {"fp32", "cpu:1", "cuda:0", {}, 2e-5},
+      {"fp16", "cpu:1", "cuda:0", {}, 8 * u16},
+      {"bf16", "cpu:1", "cuda:0", {}, 8 * ub16},
+      // The multi-replica path on one GPU (collectives staged through the host) with sync-BN and
+      // a 16-bit gradient wire against two CPU replicas: the wire adds one fp16 rounding.
+      {"fp32", "cpu:2", "cuda:0,0", {"parallel.sync_bn=true", "parallel.grad_dtype=fp16"}, 2 * u16},
+  };
+  for (const Case& c : cases) {
+    const std::string what = std::string(c.precision) + " " + c.gpu;
+    const GpuRun cr = gpu_run(gpu_run_sets(c.cpu, c.precision, 1, "one_cpu", c.extra));
+    const GpuRun gr = gpu_run(gpu_run_sets(c.gpu, c.precision, 1, "one_gpu", c.extra));
+    ASSERT_EQ(cr.fit.history.size(), 1u);
+    ASSERT_EQ(gr.fit.history.size(), 1u);
+    ASSERT_TRUE(gr.fit.history[0].applied) << what;
+    const double loss = std::abs(gr.fit.history[0].loss - cr.fit.history[0].loss) / std::abs(cr.fit.history[0].loss);
+    EXPECT_LE(loss, c.bound) << what << ": the loss of step 1";
+    ASSERT_EQ(gr.grads.size(), cr.grads.size());
+    ASSERT_EQ(gr.params.size(), cr.params.size());
+    double worst_g = 0, worst_p = 0;
+    std::string worst_name;
+    for (const auto& slot : cr.slots) {
+      const int64_t n = slot.shape.numel();
+      const double g = norm_rel(gr.grads, cr.grads, slot.offset, n);
+      const double p = norm_rel(gr.params, cr.params, slot.offset, n);
+      EXPECT_LE(g, c.bound) << what << ": gradient of " << slot.name;
+      EXPECT_LE(p, c.bound) << what << ": updated " << slot.name;
+      if (g > worst_g) worst_g = g, worst_name = slot.name;
+      worst_p = std::max(worst_p, p);
+    }
+    const double b = norm_rel(gr.buffers, cr.buffers, 0, static_cast<int64_t>(cr.buffers.size()));
+    EXPECT_LE(b, c.bound) << what << ": batch-norm running statistics";
+    std::printf("  one step %s: loss %.2e, worst gradient %.2e (%s), worst parameter %.2e, statistics %.2e "
+                "(bound %.1e)\n",
+                what.c_str(), loss, worst_g, worst_name.c_str(), worst_p, b, c.bound);
+  }
+}
+
+// Two runs' everything, bit for bit: each step's loss, verdict, scale and gradient norm, the model
+// file and every checkpoint section.
+void expect_bit_identical(const GpuRun& a, const GpuRun& b, const std::string& what) {
+  ASSERT_EQ(a.fit.history.size(), b.fit.history.size()) << what;
+  for (size_t i = 0; i < a.fit.history.size(); ++i) {
+    const auto &x = a.fit.history[i], &y = b.fit.history[i];
+    EXPECT_EQ(x.loss, y.loss) << what << " step " << i + 1;
+    EXPECT_EQ(x.applied, y.applied) << what << " step " << i + 1;
+    EXPECT_EQ(x.scale, y.scale) << what << " step " << i + 1;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << what << " step " << i + 1;
+  }
+  EXPECT_TRUE(a.model_bin == b.model_bin) << what << ": model.bin differs";
+  ASSERT_EQ(a.checkpoint.size(), b.checkpoint.size()) << what;
+  for (const auto& [name, bytes] : a.checkpoint) {
+    ASSERT_TRUE(b.checkpoint.count(name)) << what << ": no section " << name;
+    EXPECT_TRUE(b.checkpoint.at(name) == bytes) << what << ": checkpoint section '" << name << "' differs";
+  }
+}
+
+// (b) train.deterministic on a GPU holds what the CPU holds: the same run twice, N steps against
+// N/2 + resume + N/2, and every parallel.shard mode against the unsharded run (two replicas on
+// one GPU, staged collectives), byte for byte. fp16 runs its dynamic scaler with a high initial
+// scale so skips and back-offs happen on both sides of the split.
+TEST(CudaTraining, DeterministicRunsAreBitIdenticalTwiceAcrossResumeAndSharding) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
   for (const char* precision : {"fp32", "fp16", "bf16"}) {
-    const TrainingRun cr = train_run("cpu:1", precision), gr = train_run("cuda:0", precision);
-    const auto &c = cr.losses, &g = gr.losses;
-    ASSERT_EQ(c.size(), 20u);
-    ASSERT_EQ(g.size(), 20u);
-    ASSERT_TRUE(replica::testing::all_finite(g)) << precision << ": a GPU loss is not finite";
-    ASSERT_TRUE(replica::testing::all_finite(gr.params)) << precision << ": a GPU parameter is not finite";
-    // Per step, relative to that step's CPU loss (rel_diff fails on a non-finite value).
-    double worst = 0;
-    for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, replica::testing::rel_diff(&g[i], &c[i], 1));
-    // fp32: rounding differences grow through 20 SGD steps; fp16: plus 16-bit rounding everywhere.
-    const bool f32 = std::string(precision) == "fp32";
-    // bf16 keeps 8 bits of mantissa: its tolerances are fp16's (the same 16-bit storage paths).
-    EXPECT_LT(worst, f32 ? 2e-3 : 3e-2) << precision;
-    // The parameters, relative to the largest: the CPU twin (Equivalence) holds 2e-5 between CPU
-    // runs; CPU vs GPU sums in other orders (cuDNN's algorithms) for 20 steps, so 1e-3 / 2e-2,
-    // not yet measured on a GPU (the first gpu-check run will show the figure this prints).
-    const double dp = replica::testing::max_rel_diff(gr.params, cr.params);
-    EXPECT_LT(dp, f32 ? 1e-3 : 2e-2) << precision << ": parameters after 20 steps";
-    std::printf("  ResNet-20 %s 20 steps: loss %.4f -> %.4f (CPU %.4f -> %.4f), worst relative gap %.2e, "
-                "parameters %.2e\n",
-                precision, g.front(), g.back(), c.front(), c.back(), worst, dp);
-    EXPECT_LT(g.back(), g.front()) << "the GPU run learns";
-  }
-}
-
-
-// The multi-replica GPU path on one GPU: two replicas on cuda:0 (collectives staged through the
-// host, parallel/staged_communicator.h) with sync-BN and a 16-bit gradient wire track two CPU
-// replicas with the same settings. bf16 rides along: its training steps with both features.
-TEST(CudaTraining, TwoReplicasOnOneGpuWithSyncBnAndAnFp16WireTrackTwoCpuReplicas) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
-  for (const char* precision : {"fp32", "bf16"}) {
-    const std::vector<std::string> extra = {"parallel.sync_bn=true", "parallel.grad_dtype=fp16"};
-    const TrainingRun cr = train_run("cpu:2", precision, extra), gr = train_run("cuda:0,0", precision, extra);
-    ASSERT_EQ(cr.losses.size(), 20u);
-    ASSERT_EQ(gr.losses.size(), 20u);
-    ASSERT_TRUE(replica::testing::all_finite(gr.losses)) << precision;
-    double worst = 0;
-    for (size_t i = 0; i < cr.losses.size(); ++i)
-      worst = std::max(worst, replica::testing::rel_diff(&gr.losses[i], &cr.losses[i], 1));
-    const bool f32 = std::string(precision) == "fp32";
-    EXPECT_LT(worst, f32 ? 3e-3 : 3e-2) << precision << ": sync-BN + fp16 wire, 2 replicas on one GPU";
-    std::printf("  2 replicas on cuda:0, sync-BN, fp16 wire, %s: loss %.4f -> %.4f (CPU %.4f -> %.4f), worst gap %.2e\n",
-                precision, gr.losses.front(), gr.losses.back(), cr.losses.front(), cr.losses.back(), worst);
-    EXPECT_LT(gr.losses.back(), gr.losses.front()) << precision;
-  }
-}
-
-// parallel.shard on GPUs: two replicas on cuda:0 (collectives staged through the host, whose
-// uneven collectives give the all-reduce's bits) and, with two GPUs, NCCL's grouped reduce /
-// broadcast (its reduce may add in another order than its all-reduce ring) against the unsharded
-// run with AdamW and clipping; the CPU twin (tests/train/test_sharding.cpp) is bit for bit.
-TEST(CudaTraining, ShardedOptimizerAndGradientsTrackTheUnshardedRun) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
-  std::vector<std::string> layouts = {"cuda:0,0"};
-  if (cuda_devices().size() >= 2) layouts.push_back("cuda:0,1");
-  for (const std::string& devices : layouts)
-    for (const char* precision : {"fp32", "bf16"}) {
-      const std::vector<std::string> base = {"optim.name=adamw", "optim.lr=0.002", "optim.clip_grad_norm=1",
-                                             "parallel.bucket_mb=0.1"};
-      auto with = [&](const std::string& mode) {
-        auto e = base;
-        e.push_back("parallel.shard=" + mode);
-        return e;
-      };
-      const TrainingRun none = train_run(devices, precision, with("none"));
-      for (const char* mode : {"optimizer", "gradients"}) {
-        const TrainingRun sh = train_run(devices, precision, with(mode));
-        ASSERT_EQ(sh.losses.size(), 20u);
-        ASSERT_TRUE(replica::testing::all_finite(sh.params)) << devices << " " << mode;
-        const double dp = replica::testing::max_rel_diff(sh.params, none.params);
-        std::printf("  %s %s parallel.shard=%s: parameters after 20 steps %.2e from the unsharded run\n",
-                    devices.c_str(), precision, mode, dp);
-        EXPECT_LT(dp, 1e-3) << devices << " " << precision << " " << mode;
-      }
+    std::vector<std::string> extra = {"train.deterministic=true", "optim.name=adamw", "optim.lr=0.002",
+                                      "optim.clip_grad_norm=1"};
+    if (std::string(precision) == "fp16")
+      for (const char* k : {"train.loss_scale=dynamic", "train.loss_scale_init=1048576", "train.loss_scale_growth_interval=2"})
+        extra.push_back(k);
+    const std::string p = precision;
+    const GpuRun once = gpu_run(gpu_run_sets("cuda:0", p, 8, "det_a", extra));
+    const GpuRun twice = gpu_run(gpu_run_sets("cuda:0", p, 8, "det_b", extra));
+    expect_bit_identical(once, twice, p + ": the same run twice");
+    gpu_run(gpu_run_sets("cuda:0", p, 4, "det_c", extra));
+    const std::string dir = ::testing::TempDir() + "/cuda_conformance_det_c";
+    const GpuRun resumed = gpu_run(gpu_run_sets("cuda:0", p, 8, "det_c", extra), dir);
+    ASSERT_EQ(resumed.fit.history.size(), 4u) << p << ": the resumed run re-ran or skipped steps";
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.fit.history[i].loss, once.fit.history[4 + i].loss) << p << " step " << 5 + i;
+    EXPECT_TRUE(resumed.model_bin == once.model_bin) << p << ": 4 + resume + 4 steps differ from 8 straight (model.bin)";
+    for (const auto& [name, bytes] : once.checkpoint)
+      EXPECT_TRUE(resumed.checkpoint.count(name) && resumed.checkpoint.at(name) == bytes)
+          << p << ": checkpoint section '" << name << "' differs after a resume";
+    std::vector<std::string> two = extra;
+    two.push_back("parallel.bucket_mb=0.1");
+    auto with = [&](const char* mode) {
+      auto e = two;
+      e.push_back(std::string("parallel.shard=") + mode);
+      return gpu_run_sets("cuda:0,0", p, 6, std::string("det_shard_") + mode, e);
+    };
+    const GpuRun none = gpu_run(with("none"));
+    for (const char* mode : {"optimizer", "gradients"}) {
+      const GpuRun sh = gpu_run(with(mode));
+      expect_bit_identical(none, sh, p + " parallel.shard=" + mode + " against none, 2 replicas on cuda:0");
     }
-  if (cuda_devices().size() < 2) GTEST_SKIP() << "NCCL's sharded collectives: needs two GPUs (ran the staged path)";
+    if (std::string(precision) == "fp16") {
+      int64_t skipped = 0;
+      for (const auto& h : once.fit.history) skipped += !h.applied;
+      EXPECT_GT(skipped, 0) << "the fp16 scaler skipped steps, so its state is exercised";
+    }
+    std::printf("  deterministic %s: twice, 4 + resume + 4 and both shard modes byte-identical (loss %.6f -> %.6f)\n",
+                precision, once.fit.history.front().loss, once.fit.history.back().loss);
+  }
+}
+
+// (c) The trajectory against the CPU while it is not chaotic: 5 steps, fp32. Measured 2026-12-04
+// on an H200 (shared/gpu/2026-12-04/losses-gpu-vs-cpu-20-steps.txt): relative loss gaps 0, 0,
+// 2.5e-5, 7.7e-5, 2.6e-5 over steps 1-5, growing to ~4e-3 by step 20, where two GPU runs differ by
+// as much. The bound, 5e-4, is 6x the largest of the five; parameters after 5 steps 1e-3 relative
+// to the largest.
+TEST(CudaTraining, FiveStepsOfResNet20TrackTheCpuRun) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  const GpuRun cr = gpu_run(gpu_run_sets("cpu:1", "fp32", 5, "five_cpu"));
+  const GpuRun gr = gpu_run(gpu_run_sets("cuda:0", "fp32", 5, "five_gpu"));
+  ASSERT_EQ(gr.fit.history.size(), 5u);
+  double worst = 0;
+  for (size_t i = 0; i < 5; ++i) {
+    const double d = std::abs(gr.fit.history[i].loss - cr.fit.history[i].loss) / std::abs(cr.fit.history[i].loss);
+    EXPECT_LE(d, 5e-4) << "step " << i + 1;
+    worst = std::max(worst, d);
+  }
+  const double dp = replica::testing::max_rel_diff(gr.params, cr.params);
+  EXPECT_LE(dp, 1e-3) << "parameters after 5 steps";
+  std::printf("  ResNet-20 fp32 5 steps: worst loss gap %.2e, parameters %.2e\n", worst, dp);
+}
+
+// With two GPUs, NCCL's sharded collectives (grouped reduce / broadcast, whose reduce may add in
+// another order than its all-reduce ring): sharded against unsharded within summation order.
+TEST(CudaTraining, ShardedModesOverNcclTrackTheUnshardedRun) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  if (cuda_devices().size() < 2) GTEST_SKIP() << "NCCL's sharded collectives: needs two GPUs";
+  const std::vector<std::string> base = {"optim.name=adamw", "optim.lr=0.002", "optim.clip_grad_norm=1",
+                                         "parallel.bucket_mb=0.1"};
+  for (const char* precision : {"fp32", "bf16"}) {
+    auto with = [&](const std::string& mode) {
+      auto e = base;
+      e.push_back("parallel.shard=" + mode);
+      return gpu_run_sets("cuda:0,1", precision, 6, "nccl_shard_" + mode, e);
+    };
+    const GpuRun none = gpu_run(with("none"));
+    for (const char* mode : {"optimizer", "gradients"}) {
+      const GpuRun sh = gpu_run(with(mode));
+      const auto a = train::parse_model_file(sh.model_bin, "model.bin"), b = train::parse_model_file(none.model_bin, "model.bin");
+      std::vector<float> pa(a.params.size() / 4), pb(b.params.size() / 4);
+      std::memcpy(pa.data(), a.params.data(), a.params.size());
+      std::memcpy(pb.data(), b.params.data(), b.params.size());
+      EXPECT_LT(replica::testing::max_rel_diff(pa, pb), 1e-4) << precision << " " << mode;
+    }
+  }
 }
 
 // One host synchronisation per optimizer step on the GPU too (the CPU twin is test_host_syncs).

@@ -43,12 +43,31 @@ TEST(RunReport, TheSummaryRecordReadsBack) {
   EXPECT_EQ(back.text(), r.text());
   EXPECT_DOUBLE_EQ(back.other_s(), 3);
   const std::string t = r.text();
-  for (const char* needle : {"compute 70.0 s (70%)", "all-reduce wait 10.0 s", "checkpointing 2.0 s",
+  for (const char* needle : {"compute 70.0 s (70%)", "all-reduce + device wait 10.0 s", "checkpointing 2.0 s",
                              "other 3.0 s", "replica 1 peak 950 of 1000 MiB (headroom 5%)", "for 12 steps",
                              "0.1111 device-hours", "cost 0.2222",
                              "gradients 146.2 MiB, optimizer state 97.5 MiB at peak; kept between steps: parameters "
                              "97.7 MiB, gradients 48.8 MiB"})
     EXPECT_NE(t.find(needle), std::string::npos) << needle << " in\n" << t;
+}
+
+// The step-end wait is named for what it is: a one-GPU run has no all-reduce to wait for.
+TEST(RunReport, TheStepEndWaitIsNamedForTheRun) {
+  RunReport r;
+  r.wall_s = 10;
+  r.allreduce_wait_s = 1.2;
+  const std::pair<std::string, int> runs[] = {{"cuda:0", 1}, {"cuda:0,1", 2}, {"cpu:2", 2}, {"cpu:1", 1}};
+  const char* names[] = {"device wait 1.2 s", "all-reduce + device wait 1.2 s", "all-reduce wait 1.2 s",
+                         "step-end wait 1.2 s"};
+  for (int i = 0; i < 4; ++i) {
+    r.devices = runs[i].first;
+    r.replicas = runs[i].second;
+    const std::string t = r.text();
+    EXPECT_NE(t.find(std::string(" ") + names[i]), std::string::npos) << r.devices << ":\n" << t;
+    if (r.replicas == 1) {
+      EXPECT_EQ(t.find("all-reduce"), std::string::npos) << t;
+    }
+  }
 }
 
 TEST(RunReport, MemoryPressureWarnsOnceAfterManyStepsAndNamesTheKeys) {
