@@ -44,5 +44,14 @@ struct DataBenchOptions {
 };
 int bench_data(const DataBenchOptions& o);
 
+// The memory-bound ops (batch norm, ReLU, add, casts, axpy) on ResNet-50's activation shapes: GB/s
+// of the bytes each must move, beside a device copy of the same tensor (apps/bench_kernels.cpp).
+struct KernelBenchOptions {
+  std::string kind = "cpu";  // cpu | cuda
+  std::string dtype = "bf16";
+  int64_t batch = 0;  // 0: 256 on a GPU, 4 on CPU
+};
+int bench_kernels(const KernelBenchOptions& o);
+
 
 }  // namespace replica::apps

@@ -201,12 +201,13 @@ struct Args {
   apps::TrainBenchOptions tb;
   std::string replay;
   apps::DataBenchOptions db;
+  apps::KernelBenchOptions kb;
   apps::PlanArgs plan;
 };
 
 struct Commands {
   CLI::App *train, *eval, *devices, *memplan, *plan, *export_, *import, *report, *pack;
-  CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data;
+  CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data, *bench_kernels;
 };
 
 void add_config_options(CLI::App* c, Args& a) {
@@ -315,6 +316,11 @@ void add_bench_commands(CLI::App& app, Args& a, Commands& c) {
   c.bench_data->add_option("--set", a.db.sets, "override a key (repeatable)");
   c.bench_data->add_option("--workers", a.db.workers, "worker counts to run, e.g. --workers 1 2");
   c.bench_data->add_option("--images", a.db.images, "images per run (default 2048)");
+  c.bench_kernels = bench->add_subcommand("kernels", "GB/s of the memory-bound ops beside a device copy of the same bytes");
+  c.bench_kernels->add_option("--kind", a.kb.kind, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  c.bench_kernels->add_option("--dtype", a.kb.dtype, "storage dtype: bf16 (default), fp16 or fp32")
+      ->check(CLI::IsMember({"f32", "fp32", "f16", "fp16", "bf16"}));
+  c.bench_kernels->add_option("--batch", a.kb.batch, "images per tensor (default 256 on a GPU, 4 on CPU)");
 }
 
 int cmd_train(Args& a) {
@@ -367,6 +373,7 @@ int dispatch(const Commands& c, Args& a) {
   if (*c.bench_train) return apps::bench_train(a.tb);
   if (*c.bench_alloc) return apps::bench_alloc(a.replay);
   if (*c.bench_data) return apps::bench_data(a.db);
+  if (*c.bench_kernels) return apps::bench_kernels(a.kb);
   return 0;
 }
 

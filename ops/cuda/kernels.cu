@@ -66,6 +66,131 @@ __device__ __forceinline__ void unrolled(int64_t n, Value value, Put put) {
   }
 }
 
+// ---- 16-byte vectors ----------------------------------------------------------------------------
+// The memory-bound kernels move 8 elements per thread and access: one 16-byte load or store for
+// 16-bit types, two for f32, with the storage type a template parameter (PyTorch's
+// aligned_vector, llm.c's x128) instead of a run-time switch per element. Conversions round to
+// nearest even, as ld/st do, so a vector kernel's bits equal its scalar twin's. Used when every
+// pointer is 16-byte aligned (pool blocks are 256-byte aligned; a view may not be); the scalar
+// kernels stay for the rest.
+constexpr int kVec = 8;
+
+__device__ __forceinline__ void load8(const float* p, float (&v)[kVec]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __half* p, float (&v)[kVec]) {
+  uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&v)[kVec]) {
+  uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[kVec]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(__half* p, const float (&v)[kVec]) {
+  uint4 raw;
+  __half2* h = reinterpret_cast<__half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&v)[kVec]) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  return static_cast<float>(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// The elementwise operations, each on up to two inputs a, b (an unused one reads 0).
+struct ReluOp {
+  __device__ float operator()(float a, float) const { return a < 0.f ? 0.f : a; }  // NaN stays NaN
+};
+struct ReluBwdOp {  // a = the ReLU's output y, b = dy
+  __device__ float operator()(float a, float b) const { return a > 0.f ? b : 0.f; }
+};
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct AddReluOp {
+  __device__ float operator()(float a, float b) const {
+    const float v = a + b;
+    return v < 0.f ? 0.f : v;
+  }
+};
+struct AxpyOp {  // a = y, b = x: y + alpha x
+  float alpha;
+  __device__ float operator()(float a, float b) const { return a + alpha * b; }
+};
+struct ScaleOp {
+  float alpha;
+  __device__ float operator()(float a, float) const { return a * alpha; }
+};
+struct CopyOp {  // a cast: the conversion is in the load and the store
+  __device__ float operator()(float a, float) const { return a; }
+};
+
+// y[i] = op(a[i], b[i]) for i < n (b may be null), 8 elements per thread and round; the n % 8
+// left over by block 0. In place (y == a or y == b) is safe: a thread loads its elements before
+// it stores them.
+template <typename TA, typename TB, typename TY, typename Op>
+__global__ void k_map8(const TA* a, const TB* b, TY* y, int64_t n, Op op) {
+  const int64_t nv = n / kVec;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < nv;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float x[kVec], z[kVec] = {};
+    load8(a + v * kVec, x);
+    if (b) load8(b + v * kVec, z);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) x[j] = op(x[j], z[j]);
+    store8(y + v * kVec, x);
+  }
+  const int64_t i = nv * kVec + threadIdx.x;
+  if (blockIdx.x == 0 && i < n) y[i] = from_float<TY>(op(to_float(a[i]), b ? to_float(b[i]) : 0.f));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Runs f with T the C++ type of storage dtype dt (f32, f16 or bf16).
+template <typename F>
+void with_type(int dt, F&& f) {
+  if (dt == kF16) f(__half{});
+  else if (dt == kBF16) f(__nv_bfloat16{});
+  else f(float{});
+}
+
 // ---- elementwise ------------------------------------------------------------------------------
 
 __global__ void k_cast(DPtr src, DPtr dst, int64_t n) {
@@ -454,6 +579,77 @@ __global__ void k_bn_bwd_apply(DPtr dy, DPtr ry, DPtr x, DPtr gamma, const float
   }
 }
 
+// The same two passes in 8-channel vectors (k_map8's loads), for C a multiple of 8 whose channel
+// vectors CV = C / 8 divide the block: a thread keeps one channel vector and its coefficients in
+// registers for all its rows (the grid's thread count is a multiple of CV, so striding over the
+// tensor's vectors keeps a thread's channels), and no index is divided per element.
+template <typename T>
+__global__ void k_bn_apply8(const T* x, T* y, int64_t M, int C, const float* a, const float* b, bool relu) {
+  const int CV = C / kVec;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int c0 = static_cast<int>(t % CV) * kVec;
+  float ac[kVec], bc[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) ac[j] = a[c0 + j], bc[j] = b[c0 + j];
+  const int64_t rows = static_cast<int64_t>(gridDim.x) * blockDim.x / CV;
+  for (int64_t r = t / CV; r < M; r += rows) {
+    float v[kVec];
+    load8(x + r * C + c0, v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      v[j] = v[j] * ac[j] + bc[j];
+      if (relu && v[j] < 0.f) v[j] = 0.f;
+    }
+    store8(y + r * C + c0, v);
+  }
+}
+
+template <typename T>
+__global__ void k_bn_bwd_apply8(const T* dy, const T* ry, const T* x, DPtr gamma, const float* mean,
+                                const float* invstd, const double* acc, T* dx, int64_t M, int C) {
+  const int CV = C / kVec;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int c0 = static_cast<int>(t % CV) * kVec;
+  float k[kVec], mu[kVec], inv[kVec], m1[kVec], m2[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int c = c0 + j;
+    inv[j] = invstd[c], mu[j] = mean[c];
+    k[j] = ld(gamma.p, gamma.dt, c) * inv[j];
+    m1[j] = m2[j] = 0.f;  // frozen statistics (acc == null): dx = k * dy
+    if (acc) {
+      const double Mg = acc[2 * C];
+      m1[j] = static_cast<float>(acc[c] / Mg);
+      m2[j] = static_cast<float>(acc[C + c] / Mg);
+    }
+  }
+  const int64_t rows = static_cast<int64_t>(gridDim.x) * blockDim.x / CV;
+  for (int64_t r = t / CV; r < M; r += rows) {
+    const int64_t i = r * C + c0;
+    float g[kVec], xv[kVec], o[kVec];
+    load8(dy + i, g);
+    load8(x + i, xv);
+    if (ry) {
+      float m[kVec];
+      load8(ry + i, m);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) g[j] = m[j] > 0.f ? g[j] : 0.f;  // the fused ReLU's mask
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) o[j] = acc ? k[j] * (g[j] - m1[j] - (xv[j] - mu[j]) * inv[j] * m2[j]) : k[j] * g[j];
+    store8(dx + i, o);
+  }
+}
+
+// Whether the 8-channel forms serve these tensors (all of one dtype, 16-byte aligned).
+bool bn_vectors(int C, std::initializer_list<DPtr> ts) {
+  if (C % kVec != 0 || kThreads % (C / kVec) != 0) return false;
+  const int dt = ts.begin()->dt;
+  for (const DPtr& t : ts)
+    if (t.p && (t.dt != dt || !aligned16(t.p))) return false;
+  return true;
+}
+
 // ---- pooling ----------------------------------------------------------------------------------
 
 // Pooling index math in I: 32-bit when the tensor allows (a 64-bit division costs several times
@@ -623,16 +819,50 @@ __global__ void k_xent_bwd(DPtr probs, const int32_t* labels, float scale, DPtr 
 // For kernels built on unrolled(): a quarter of the threads, each doing kUnroll elements a round.
 #define LAUNCH_UNROLLED(kernel, n, s, ...) LAUNCH(kernel, ((n) + kUnroll - 1) / kUnroll, s, __VA_ARGS__)
 
-void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_cast, n, s, src, dst, n); }
-void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_relu, n, s, x, y, n); }
-void relu_backward(DPtr y, DPtr dy, DPtr dx, int64_t n, cudaStream_t s) {
-  LAUNCH_UNROLLED(k_relu_bwd, n, s, y, dy, dx, n);
+// The 16-byte vector form of an elementwise op (k_map8) when a, b (if given) and y are 16-byte
+// aligned and a and b share a dtype (y too, unless `cast`); false: the caller runs the scalar one.
+template <typename Op>
+bool map8(DPtr a, DPtr b, DPtr y, int64_t n, Op op, cudaStream_t s, bool cast = false) {
+  if (n <= 0) return true;
+  if (!aligned16(a.p) || (b.p && !aligned16(b.p)) || !aligned16(y.p)) return false;
+  if ((b.p && b.dt != a.dt) || (!cast && y.dt != a.dt)) return false;
+  const int grid = grid_for(std::max<int64_t>(1, n / kVec));
+  with_type(a.dt, [&](auto ta) {
+    using TA = decltype(ta);
+    auto launch = [&](auto ty) {
+      using TY = decltype(ty);
+      k_map8<TA, TA, TY, Op><<<grid, kThreads, 0, s>>>(static_cast<const TA*>(a.p), static_cast<const TA*>(b.p),
+                                                       static_cast<TY*>(y.mut()), n, op);
+    };
+    if (cast) with_type(y.dt, launch);
+    else launch(TA{});
+  });
+  check_launch("k_map8");
+  return true;
 }
-void add(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_add, n, s, a, b, y, n); }
-void add_relu(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_add_relu, n, s, a, b, y, n); }
-void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_axpy, n, s, alpha, x, y, n); }
+
+void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s) {
+  if (!map8(src, DPtr{}, dst, n, CopyOp{}, s, true)) LAUNCH_UNROLLED(k_cast, n, s, src, dst, n);
+}
+void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s) {
+  if (!map8(x, DPtr{}, y, n, ReluOp{}, s)) LAUNCH_UNROLLED(k_relu, n, s, x, y, n);
+}
+void relu_backward(DPtr y, DPtr dy, DPtr dx, int64_t n, cudaStream_t s) {
+  if (!map8(y, dy, dx, n, ReluBwdOp{}, s)) LAUNCH_UNROLLED(k_relu_bwd, n, s, y, dy, dx, n);
+}
+void add(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) {
+  if (!map8(a, b, y, n, AddOp{}, s)) LAUNCH_UNROLLED(k_add, n, s, a, b, y, n);
+}
+void add_relu(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) {
+  if (!map8(a, b, y, n, AddReluOp{}, s)) LAUNCH_UNROLLED(k_add_relu, n, s, a, b, y, n);
+}
+void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s) {
+  if (!map8(y, x, y, n, AxpyOp{alpha}, s)) LAUNCH_UNROLLED(k_axpy, n, s, alpha, x, y, n);
+}
 void fill(DPtr y, float v, int64_t n, cudaStream_t s) { LAUNCH(k_fill, n, s, y, v, n); }
-void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) { LAUNCH_UNROLLED(k_scale, n, s, y, alpha, n); }
+void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) {
+  if (!map8(y, DPtr{}, y, n, ScaleOp{alpha}, s)) LAUNCH_UNROLLED(k_scale, n, s, y, alpha, n);
+}
 void rsqrt_eps(const float* x, float* y, float eps, int64_t n, cudaStream_t s) { LAUNCH(k_rsqrt_eps, n, s, x, y, eps, n); }
 
 // Reductions into one address: a bounded grid, whose kReduceBlocks partials one block then adds.
@@ -735,6 +965,15 @@ void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, cons
 }
 void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
+  if (bn_vectors(C, {x, y})) {
+    with_type(x.dt, [&](auto tag) {
+      using T = decltype(tag);
+      k_bn_apply8<T><<<grid_for(M * (C / kVec)), kThreads, 0, s>>>(static_cast<const T*>(x.p), static_cast<T*>(y.mut()),
+                                                                   M, C, a, b, relu);
+    });
+    check_launch("k_bn_apply8");
+    return;
+  }
   k_bn_apply<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(x, y, M, C, a, b, relu);
   check_launch("k_bn_apply");
 }
@@ -744,6 +983,16 @@ void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta,
 void bn_backward_apply(DPtr dy, DPtr relu_y, DPtr x, DPtr gamma, const float* mean, const float* invstd,
                        const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
+  if (bn_vectors(C, {dy, relu_y, x, dx})) {
+    with_type(dy.dt, [&](auto tag) {
+      using T = decltype(tag);
+      k_bn_bwd_apply8<T><<<grid_for(M * (C / kVec)), kThreads, 0, s>>>(
+          static_cast<const T*>(dy.p), static_cast<const T*>(relu_y.p), static_cast<const T*>(x.p), gamma, mean, invstd,
+          acc, static_cast<T*>(dx.mut()), M, C);
+    });
+    check_launch("k_bn_bwd_apply8");
+    return;
+  }
   k_bn_bwd_apply<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(dy, relu_y, x, gamma, mean, invstd, acc, dx, M, C);
   check_launch("k_bn_bwd_apply");
 }

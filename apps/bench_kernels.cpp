@@ -1,0 +1,122 @@
+// `replica bench kernels`: the memory-bound ops of the backend (batch norm, ReLU, add, casts,
+// axpy) on ResNet-50's activation shapes, each judged by the bytes it must move over its time,
+// beside a device copy of the same tensor on the same device (the copy rate is what such an op
+// can reach). The way a kernel is judged on any GPU, and the same table on CPU.
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/bench.h"
+#include "core/cuda/runtime.h"
+#include "core/errors.h"
+#include "core/pools.h"
+#include "ops/backend.h"
+
+namespace replica::apps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Times `fn` (reps runs after 2 unmeasured ones): device time between timing events on a GPU,
+// the host clock on CPU. Seconds per run, the best of 3 bursts (shared machines are noisy).
+double time_op(bool gpu, int reps, const std::function<void()>& fn) {
+  for (int i = 0; i < 2; ++i) fn();
+  double best = 1e30;
+  for (int burst = 0; burst < 3; ++burst) {
+    if (gpu) {
+      cuda::StreamTimer t;
+      const int a = t.mark();
+      for (int i = 0; i < reps; ++i) fn();
+      const int b = t.mark();
+      t.synchronize();
+      best = std::min(best, t.seconds(a, b) / reps);
+    } else {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < reps; ++i) fn();
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+int bench_kernels(const KernelBenchOptions& o) {
+  const bool gpu = o.kind == "cuda";
+  const Device dev = gpu ? Device{DeviceKind::cuda, 0} : Device{DeviceKind::cpu, 0};
+  if (gpu && cuda_devices().empty()) throw ConfigError("bench kernels --kind cuda: no CUDA device is visible");
+  if (gpu) cuda::set_device(0);
+  const DType dt = parse_dtype(o.dtype);
+  const int64_t N = o.batch > 0 ? o.batch : (gpu ? 256 : 4);
+  PoolOptions po;
+  po.mode = AllocatorMode::growth;
+  auto pool = make_pool(dev, po);
+  ops::Backend& be = ops::backend_for(dev);
+  const int reps = gpu ? 20 : 2;
+  // ResNet-50's batch-norm / activation shapes: every stage's block output has 802816 elements
+  // per image (56x56x256 ... 7x7x2048), and the 64-channel 56x56 inner layers a quarter of that.
+  const int64_t shapes[][3] = {{56, 56, 64}, {56, 56, 256}, {28, 28, 512}, {14, 14, 1024}, {7, 7, 2048}};
+  std::printf("# replica bench kernels on %s (%s), %s, batch %ld: GB/s = bytes the op must move / its time; "
+              "vs copy = against a device copy of the same tensor (read + write) on this device\n",
+              dev.str().c_str(), be.name().c_str(), dtype_name(dt), static_cast<long>(N));
+  std::printf("# %-10s %-34s %10s %10s %9s %8s\n", "shape", "op", "MB moved", "us", "GB/s", "vs copy");
+  double worst = 1e30;
+  for (const auto& s : shapes) {
+    const int64_t H = s[0], W = s[1], C = s[2];
+    const Shape sh{N, H, W, C};
+    const int64_t n = sh.numel();
+    const double es = static_cast<double>(dtype_size(dt)), nb = static_cast<double>(n) * es;
+    auto act = [&] { return Tensor::empty(*pool, sh, dt, MemTag::activations); };
+    auto chan = [&](float v) {
+      Tensor t = Tensor::empty(*pool, {C}, DType::f32, MemTag::params);
+      be.fill(t, v);
+      return t;
+    };
+    Tensor x = act(), y = act(), dy = act(), dx = act(), r = act();
+    be.fill(x, 0.5f), be.fill(dy, 0.25f), be.fill(r, 1.f);
+    Tensor xf = Tensor::empty(*pool, sh, DType::f32, MemTag::activations);
+    be.fill(xf, 0.5f);
+    Tensor gamma = chan(1.f), beta = chan(0.f), mean = chan(0.f), invstd = chan(1.f), rm = chan(0.f), rv = chan(1.f);
+    Tensor dgamma = chan(0.f), dbeta = chan(0.f);
+    double copy_gbs = 0;  // the first row's
+    struct Op {
+      const char* name;
+      double bytes;  // what it must move at the least
+      std::function<void()> run;
+    };
+    const Op ops_[] = {
+        {"copy (reference)", 2 * nb, [&] { copy_tensor(x, y); }},
+        {"relu", 2 * nb, [&] { be.relu_forward(x, y); }},
+        {"relu backward", 3 * nb, [&] { be.relu_backward(r, dy, dx); }},
+        {"add + relu", 3 * nb, [&] { be.add_relu(x, r, y); }},
+        {"axpy (y += a x)", 3 * nb, [&] { be.axpy(1.f, x, y); }},
+        {"cast f32 -> storage", nb + 4.0 * n, [&] { be.cast(xf, y); }},
+        {"batch norm forward (train)", 3 * nb,
+         [&] { be.batchnorm_forward_train(x, gamma, beta, y, mean, invstd, rm, rv, 0.1f, 1e-5f, nullptr, false); }},
+        {"batch norm + relu forward", 3 * nb,
+         [&] { be.batchnorm_forward_train(x, gamma, beta, y, mean, invstd, rm, rv, 0.1f, 1e-5f, nullptr, true); }},
+        {"batch norm backward", 5 * nb,
+         [&] { be.batchnorm_backward(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, nullptr, Tensor()); }},
+        {"batch norm + relu backward", 7 * nb,
+         [&] { be.batchnorm_backward(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, nullptr, r); }},
+    };
+    for (const Op& op : ops_) {
+      const double t = time_op(gpu, reps, op.run);
+      const double gbs = op.bytes / t / 1e9;
+      if (copy_gbs == 0) copy_gbs = gbs;
+      const double vs = gbs / copy_gbs;
+      if (std::string(op.name) != "copy (reference)") worst = std::min(worst, vs);
+      std::printf("%-12s %-34s %10.1f %10.1f %9.1f %7.0f%%\n",
+                  (std::to_string(H) + "x" + std::to_string(W) + "x" + std::to_string(C)).c_str(), op.name,
+                  op.bytes / 1e6, t * 1e6, gbs, 100 * vs);
+    }
+    std::fflush(stdout);
+  }
+  std::printf("# slowest op against the copy rate: %.0f%%\n", 100 * worst);
+  return 0;
+}
+
+}  // namespace replica::apps
