@@ -8,6 +8,7 @@
 # cuDNN) are not packed: the GPU machine has them (system CUDA or Python's nvidia-* wheels;
 # scripts/gpu-check.sh finds them).
 #   scripts/gpu-bundle.sh [ARCH=90] [OUT_DIR=gpu-bundle]      (REPLICA_BUNDLE_MUTANTS=0: none)
+# It also writes OUT_DIR.tar.xz, the same folder compressed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch="${1:-90}"
@@ -63,5 +64,8 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done
-du -sh "$out"
-echo "bundle ready: copy $out to the GPU machine and run $out/gpu-check.sh"
+# One compressed file too: the binaries share their CUDA fat binaries, which xz stores once (the
+# folder is ~60 MB, the archive about 35 MB, most of it the already-compressed Fashion-MNIST).
+tar cJf "$out.tar.xz" -C "$(dirname "$out")" "$(basename "$out")"
+du -sh "$out" "$out.tar.xz"
+echo "bundle ready: copy $out (or $out.tar.xz, then tar xJf) to the GPU machine and run $out/gpu-check.sh"

@@ -206,6 +206,12 @@ phase replica-resnet20-b128-det 90 "$bin/replica" bench train --kind cuda --repl
 rd=$(rate replica-resnet20-b128-det); rn=$(rate replica-resnet20-b128)
 table+=("| ResNet-20 batch 128, train.deterministic=true | ${rd:-none} | same, off: ${rn:-none} | $(ratio "$rd" "$rn")x |")
 
+# Each memory-bound op's GB/s beside a device copy of the same tensor (issue: >= 80% of copy).
+for dt in bf16 fp16; do
+  phase "kernels-$dt" 90 "$bin/replica" bench kernels --kind cuda --dtype "$dt"
+  table+=("| memory-bound ops $dt, ResNet-50 shapes: $(grep -m1 '^# slowest' "/tmp/phase-kernels-$dt.log" | sed 's/^# //') | | | |")
+done
+
 log ""
 log "## summary (img/s; one run, this GPU)"
 log "| workload | replica | anchor | ratio |"
