@@ -641,6 +641,101 @@ __global__ void k_bn_bwd_apply8(const T* dy, const T* ry, const T* x, DPtr gamma
   }
 }
 
+// Batch norm's two per-channel sums in 8-channel vectors (the forward's shifted moments, or the
+// backward's sum of dy and of dy * xhat): a block is CV channel-vector lanes x RL = kThreads / CV
+// row lanes. Each thread adds its rows (strided over the grid's row lanes, two per round with
+// their loads issued first) into f32 partials folded into double every 32 rows, as the scalar
+// kernels do; the block adds its row lanes in lane order into one partial per channel and block,
+// part[block][c] and part[block][C + c]; k_bn_fold_rows adds the blocks in order. No atomics.
+constexpr int kBnSumBlocks = 1056;  // 8 blocks on each of an H100/H200's 132 multiprocessors
+template <typename T, bool kBackward>
+__global__ void __launch_bounds__(kThreads) k_bn_sums8(const T* a, const T* ry, const T* x, int64_t M, int C,
+                                                     const float* p0, const float* p1, double* part) {
+  const int CV = C / kVec, RL = kThreads / CV;
+  const int cv = static_cast<int>(threadIdx.x) % CV, rl = static_cast<int>(threadIdx.x) / CV, c0 = cv * kVec;
+  float k0[kVec], k1[kVec], s1[kVec], s2[kVec];
+  double t1[kVec], t2[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    k0[j] = kBackward ? p0[c0 + j] : bn_shift(p0, c0 + j);  // the mean, or the moments' shift
+    k1[j] = kBackward ? p1[c0 + j] : 0.f;                    // the inverse deviation
+    s1[j] = s2[j] = 0.f;
+    t1[j] = t2[j] = 0.0;
+  }
+  // One row's two addends per channel into s1, s2.
+  auto add_row = [&](const float (&v)[kVec], const float (&xv)[kVec], const float (&m)[kVec]) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (kBackward) {
+        const float g = m[j] > 0.f ? v[j] : 0.f;
+        s1[j] += g;
+        s2[j] += g * (xv[j] - k0[j]) * k1[j];
+      } else {
+        const float d = v[j] - k0[j];
+        s1[j] += d;
+        s2[j] += d * d;
+      }
+    }
+  };
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * RL;
+  int k = 0;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * RL + rl; r < M; r += 2 * stride) {
+    const int64_t r2 = r + stride;
+    float v[kVec], xv[kVec], m[kVec], v2[kVec], xv2[kVec], m2[kVec];
+    load8(a + r * C + c0, v);
+    if (kBackward) load8(x + r * C + c0, xv);
+    if (r2 < M) {
+      load8(a + r2 * C + c0, v2);
+      if (kBackward) load8(x + r2 * C + c0, xv2);
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) m[j] = m2[j] = 1.f;  // no ReLU mask: every element counts
+    if (kBackward && ry) {
+      load8(ry + r * C + c0, m);
+      if (r2 < M) load8(ry + r2 * C + c0, m2);
+    }
+    add_row(v, xv, m);
+    if (r2 < M) add_row(v2, xv2, m2);
+    if (++k == 16) {  // 32 rows: into double
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) t1[j] += s1[j], t2[j] += s2[j], s1[j] = s2[j] = 0.f;
+      k = 0;
+    }
+  }
+  __shared__ double sh[kThreads][2 * kVec + 1];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    sh[threadIdx.x][j] = t1[j] + s1[j];
+    sh[threadIdx.x][kVec + j] = t2[j] + s2[j];
+  }
+  __syncthreads();
+  for (int q = threadIdx.x; q < 2 * C; q += blockDim.x) {
+    const int kind = q / C, c = q % C;
+    double acc = 0;
+    for (int l = 0; l < RL; ++l) acc += sh[l * CV + c / kVec][kind * kVec + c % kVec];
+    part[static_cast<int64_t>(blockIdx.x) * 2 * C + q] = acc;
+  }
+}
+
+// out1[c] = sum over blocks b of part[b][c], out2[c] likewise of part[b][C + c], in a fixed order:
+// 32 lanes each add every 32nd block in order, then the lanes are added in order. Blocks of 32
+// columns x 32 lanes.
+__global__ void k_bn_fold_rows(const double* part, int rows, int C, double* out1, double* out2) {
+  __shared__ double sh[32][33];
+  const int q = blockIdx.x * 32 + threadIdx.x;
+  double acc = 0;
+  if (q < 2 * C)
+    for (int r = threadIdx.y; r < rows; r += 32) acc += part[static_cast<int64_t>(r) * 2 * C + q];
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && q < 2 * C) {
+    double t = 0;
+    for (int l = 0; l < 32; ++l) t += sh[l][threadIdx.x];
+    if (q < C) out1[q] = t;
+    else out2[q - C] = t;
+  }
+}
+
 // Whether the 8-channel forms serve these tensors (all of one dtype, 16-byte aligned).
 bool bn_vectors(int C, std::initializer_list<DPtr> ts) {
   if (C % kVec != 0 || kThreads % (C / kVec) != 0) return false;
@@ -821,11 +916,12 @@ __global__ void k_xent_bwd(DPtr probs, const int32_t* labels, float scale, DPtr 
 
 // The 16-byte vector form of an elementwise op (k_map8) when a, b (if given) and y are 16-byte
 // aligned and a and b share a dtype (y too, unless `cast`); false: the caller runs the scalar one.
+// `mixed_b`: b may have another dtype than a and y (the f32 gradient += a 16-bit weight gradient).
 template <typename Op>
-bool map8(DPtr a, DPtr b, DPtr y, int64_t n, Op op, cudaStream_t s, bool cast = false) {
+bool map8(DPtr a, DPtr b, DPtr y, int64_t n, Op op, cudaStream_t s, bool cast = false, bool mixed_b = false) {
   if (n <= 0) return true;
   if (!aligned16(a.p) || (b.p && !aligned16(b.p)) || !aligned16(y.p)) return false;
-  if ((b.p && b.dt != a.dt) || (!cast && y.dt != a.dt)) return false;
+  if ((b.p && b.dt != a.dt && !mixed_b) || (!cast && y.dt != a.dt)) return false;
   const int grid = grid_for(std::max<int64_t>(1, n / kVec));
   with_type(a.dt, [&](auto ta) {
     using TA = decltype(ta);
@@ -834,8 +930,17 @@ bool map8(DPtr a, DPtr b, DPtr y, int64_t n, Op op, cudaStream_t s, bool cast = 
       k_map8<TA, TA, TY, Op><<<grid, kThreads, 0, s>>>(static_cast<const TA*>(a.p), static_cast<const TA*>(b.p),
                                                        static_cast<TY*>(y.mut()), n, op);
     };
-    if (cast) with_type(y.dt, launch);
-    else launch(TA{});
+    if (mixed_b && b.p && b.dt != a.dt) {  // y = a's type, b another: the f32 += 16-bit accumulations
+      with_type(b.dt, [&](auto tb) {
+        using TB = decltype(tb);
+        k_map8<TA, TB, TA, Op><<<grid, kThreads, 0, s>>>(static_cast<const TA*>(a.p), static_cast<const TB*>(b.p),
+                                                         static_cast<TA*>(y.mut()), n, op);
+      });
+    } else if (cast) {
+      with_type(y.dt, launch);
+    } else {
+      launch(TA{});
+    }
   });
   check_launch("k_map8");
   return true;
@@ -857,7 +962,7 @@ void add_relu(DPtr a, DPtr b, DPtr y, int64_t n, cudaStream_t s) {
   if (!map8(a, b, y, n, AddReluOp{}, s)) LAUNCH_UNROLLED(k_add_relu, n, s, a, b, y, n);
 }
 void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s) {
-  if (!map8(y, x, y, n, AxpyOp{alpha}, s)) LAUNCH_UNROLLED(k_axpy, n, s, alpha, x, y, n);
+  if (!map8(y, x, y, n, AxpyOp{alpha}, s, false, true)) LAUNCH_UNROLLED(k_axpy, n, s, alpha, x, y, n);
 }
 void fill(DPtr y, float v, int64_t n, cudaStream_t s) { LAUNCH(k_fill, n, s, y, v, n); }
 void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) {
@@ -926,14 +1031,35 @@ void lars_ratios(const float* w, const float* g, const int64_t* offsets, const i
   check_launch("k_lars_ratios");
 }
 
-int64_t bn_partials(int64_t M, int C) {
-  return M <= 0 || C <= 0 ? 0 : static_cast<int64_t>(bn_grid(M, C).y) * 2 * C;
+// The vector sums' grid: enough blocks for every row lane to have about 32 rows, at most a full wave.
+int bn_sum_blocks(int64_t M, int C) {
+  const int64_t lanes = kThreads / std::max(1, C / kVec);
+  return static_cast<int>(std::clamp<int64_t>((M + lanes * 32 - 1) / (lanes * 32), 1, kBnSumBlocks));
+}
+int64_t bn_partials(int64_t M, int C) {  // doubles of scratch for either form
+  if (M <= 0 || C <= 0) return 0;
+  return std::max<int64_t>(bn_grid(M, C).y, bn_sum_blocks(M, C)) * 2 * C;
+}
+void bn_fold_blocks(const double* part, int blocks, int C, double* out1, double* out2, cudaStream_t s) {
+  k_bn_fold_rows<<<(2 * C + 31) / 32, dim3(32, 32), 0, s>>>(part, blocks, C, out1, out2);
+  check_launch("k_bn_fold_rows");
 }
 void bn_fold(const double* part, int rows, int C, double* out1, double* out2, cudaStream_t s) {
   LAUNCH(k_bn_fold, C, s, part, rows, C, out1, out2);
 }
 void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* part, double* acc, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
+  if (bn_vectors(C, {x})) {
+    const int blocks = bn_sum_blocks(M, C);
+    with_type(x.dt, [&](auto tag) {
+      using T = decltype(tag);
+      k_bn_sums8<T, false><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x.p), nullptr, nullptr, M, C, shift,
+                                                       nullptr, part);
+    });
+    check_launch("k_bn_sums8 (moments)");
+    bn_fold_blocks(part, blocks, C, acc, acc + C + 1, s);
+    return;
+  }
   const dim3 grid = bn_grid(M, C);
   k_bn_moments<<<grid, dim3(32, kBnRows), 0, s>>>(x, M, C, shift, part);
   check_launch("k_bn_moments");
@@ -942,6 +1068,17 @@ void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* pa
 void bn_backward_sums(DPtr dy, DPtr relu_y, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
                       double* part, double* acc, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
+  if (bn_vectors(C, {dy, relu_y, x})) {
+    const int blocks = bn_sum_blocks(M, C);
+    with_type(dy.dt, [&](auto tag) {
+      using T = decltype(tag);
+      k_bn_sums8<T, true><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(dy.p), static_cast<const T*>(relu_y.p),
+                                                      static_cast<const T*>(x.p), M, C, mean, invstd, part);
+    });
+    check_launch("k_bn_sums8 (backward)");
+    bn_fold_blocks(part, blocks, C, acc, acc + C, s);
+    return;
+  }
   const dim3 grid = bn_grid(M, C);
   k_bn_bwd_sums<<<grid, dim3(32, kBnRows), 0, s>>>(dy, relu_y, x, M, C, mean, invstd, part);
   check_launch("k_bn_bwd_sums");

@@ -1,6 +1,7 @@
 // Config: defaults, --set overrides, and every error path names the file, line and key.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -119,4 +120,28 @@ TEST(MemoryAdvice, NamesTheSettingsToChange) {
   r.options.fraction = 0.5;
   r.options.fraction_source = "REPLICA_MEM_FRACTION";
   EXPECT_NE(train::memory_advice(r).find("memory.fraction (now 0.5, from REPLICA_MEM_FRACTION)"), std::string::npos);
+}
+
+// train.deterministic: the config, then REPLICA_DETERMINISTIC, then the built-in default; a value
+// that is not a boolean is a named error in either place.
+TEST(Config, DeterministicComesFromTheConfigThenTheEnvironment) {
+  const char* old = std::getenv("REPLICA_DETERMINISTIC");
+  const std::string saved = old ? old : "";
+  unsetenv("REPLICA_DETERMINISTIC");
+  EXPECT_EQ(resolve_deterministic(parse_config("", "run.yaml").train), kDeterministicByDefault);
+  setenv("REPLICA_DETERMINISTIC", "1", 1);
+  EXPECT_TRUE(resolve_deterministic(parse_config("", "run.yaml").train));
+  EXPECT_FALSE(resolve_deterministic(parse_config("", "run.yaml", {"train.deterministic=false"}).train))
+      << "the config wins over the environment";
+  setenv("REPLICA_DETERMINISTIC", "maybe", 1);
+  try {
+    resolve_deterministic(parse_config("", "run.yaml").train);
+    ADD_FAILURE() << "REPLICA_DETERMINISTIC=maybe was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_HAS(std::string(e.what()), "REPLICA_DETERMINISTIC");
+  }
+  EXPECT_TRUE(resolve_deterministic(parse_config("train:\n  deterministic: true\n", "run.yaml").train));
+  EXPECT_HAS(error_of("train:\n  deterministic: maybe\n"), "train.deterministic");
+  if (old) setenv("REPLICA_DETERMINISTIC", saved.c_str(), 1);
+  else unsetenv("REPLICA_DETERMINISTIC");
 }
