@@ -129,28 +129,8 @@ int main(int argc, char** argv) {
   // Per-shape conv GFLOP/s (forward, backward-data, backward-filter) against Eigen GEMM.
   std::map<ConvShape, int> shapes;
   Shape s{batch, hw, hw, channels};
-  // Walk the convolutions by running shape inference through the model's layers.
-  std::function<Shape(nn::Layer&, Shape)> walk = [&](nn::Layer& l, Shape in) -> Shape {
-    if (auto* c = dynamic_cast<nn::Conv2d*>(&l)) {
-      auto out = c->output_shape(in);
-      shapes[{in[0], in[1], in[2], in[3], out[3], c->kernel(), c->stride(), c->pad()}]++;
-      return out;
-    }
-    if (auto* q = dynamic_cast<nn::Sequential*>(&l)) {
-      for (size_t i = 0; i < q->size(); ++i) in = walk(q->at(i), in);
-      return in;
-    }
-    if (auto* r = dynamic_cast<nn::Residual*>(&l)) {
-      Shape out = r->output_shape(in);
-      walk(r->main(), in);
-      l.visit([&](nn::Layer& sub) {
-        if (sub.name().find(".shortcut.0") != std::string::npos) walk(sub, in);
-      });
-      return out;
-    }
-    return l.output_shape(in);
-  };
-  walk(model->root(), s);
+  for (const ops::ConvGeom& g : nn::conv_geometries(model->root(), s))
+    shapes[{g.N, g.H, g.W, g.C, g.K, g.R, g.stride, g.pad}]++;
   using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   std::printf("# conv shape (N,H,W,C->K,RxR,stride)   count  fwd GF/s  bwd-data GF/s  bwd-filter GF/s  GEMM GF/s (same M,N,K)\n");
   for (auto& [c, count] : shapes) {

@@ -2,7 +2,9 @@
 #include "core/cpu_features.h"
 
 #include <cstdlib>
+#include <cstring>
 
+#include "core/device.h"
 #include "core/errors.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -137,6 +139,29 @@ std::string cpu_isa_report() {
   if (!a.forced.empty()) s += "REPLICA_CPU_ISA=" + a.forced + "; ";
   s += std::string("this CPU supports up to ") + cpu_isa_name(cpu_isa_best()) + ")";
   return s;
+}
+
+std::string cpu_model_key() {
+  const std::string name = cpu_device_info(0).name;
+#ifdef REPLICA_X86_FEATURES
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char vendor[13] = {};
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+  }
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    // Family and model with their extended fields, as the vendors' manuals combine them.
+    unsigned family = (a >> 8) & 0xf, model = (a >> 4) & 0xf;
+    const unsigned stepping = a & 0xf;
+    if (family == 0xf) family += (a >> 20) & 0xff;
+    if (family == 0x6 || family >= 0xf) model += ((a >> 16) & 0xf) << 4;
+    return std::string(vendor) + " family " + std::to_string(family) + " model " + std::to_string(model) +
+           " stepping " + std::to_string(stepping) + " (" + name + ")";
+  }
+#endif
+  return name;
 }
 
 }  // namespace replica

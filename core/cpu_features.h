@@ -33,5 +33,9 @@ CpuIsa cpu_isa_allowed();
 bool cpu_isa_enabled(CpuIsa isa);
 // "avx2 (this CPU supports up to avx2)" or "baseline (REPLICA_CPU_ISA=baseline; this CPU ...)"
 std::string cpu_isa_report();
+// This CPU's model as CPUID names it: "GenuineIntel family 6 model 143 stepping 8 (Intel(R)
+// Xeon(R) Platinum 8480+)": the key under which per-CPU measurements are kept (ops/cpu/tuning.h).
+// Off x86-64: the model name of /proc/cpuinfo.
+std::string cpu_model_key();
 
 }  // namespace replica

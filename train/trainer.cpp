@@ -24,7 +24,9 @@
 #include "core/log.h"
 #include "core/pools.h"
 #include "ops/backend.h"
+#include "ops/cpu/isa.h"
 #include "ops/cpu/threads.h"
+#include "ops/cpu/tuning.h"
 #include "data/image_pack.h"
 #include "ops/models/resnet.h"
 #include "train/checkpoint.h"
@@ -133,6 +135,15 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   train_ = make_dataset(cfg_.data, "train");
   test_ = make_dataset(cfg_.data, "test");
   check_classes();
+  if (devices.at(0).kind == DeviceKind::cpu) {
+    // The CPU kernels' per-CPU choice (the direct convolutions' register width), measured once per
+    // CPU model on this model's own layers and cached (ops/cpu/tuning.h).
+    const Shape s = train_->sample_shape();
+    auto probe = make_model(cfg_, s, train_->classes());
+    const std::string what = cfg_.model.arch + " " + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
+                             std::to_string(s[2]);
+    cpu_tuning_ = ops::tune_cpu_kernels(nn::conv_geometries(probe->root(), {1, s[0], s[1], s[2]}), what).line();
+  }
   const Shape s = train_->sample_shape();
   if (!cfg_.data.mean.empty() && static_cast<int64_t>(cfg_.data.mean.size()) != s[2])
     throw ConfigError(cfg_.source + ": data.mean has " + std::to_string(cfg_.data.mean.size()) + " values but " +
@@ -606,6 +617,8 @@ void Trainer::print_start() const {
               (long)cfg_.train.global_batch, (long)micro_, accumulation_, accumulation_ > 1 ? "s" : "", R,
               R > 1 ? "s" : "", (long)total_steps_, (long)sharding_->steps_per_epoch(), cfg_.optim.name.c_str(),
               sched_.base_lr, sched_.kind.c_str(), precision.c_str());
+  if (!cpu_tuning_.empty())
+    std::printf("replica: cpu kernels %s; %s\n", ops::cpu_kernel_variant().name, cpu_tuning_.c_str());
   if (group_->replica(0).device().kind == DeviceKind::cuda)
     std::printf("replica: train.deterministic %s (%s)\n", resolve_deterministic(cfg_.train) ? "on" : "off",
                 resolve_deterministic(cfg_.train)

@@ -161,6 +161,7 @@ class Trainer {
   TrainerOptions opts_;
   parallel::GroupOptions go_;
   std::optional<FaultInjector> fault_;
+  std::string cpu_tuning_;  // CPU runs: the kernels' per-CPU choice and why (ops/cpu/tuning.h)
   std::vector<std::string> events_;  // replicas lost and how the run went on (the run report)
   std::atomic<bool> preempt_noticed_{false};  // some replica of this process saw parallel.preempt_file
   std::shared_ptr<data::Dataset> train_, test_;

@@ -157,6 +157,7 @@ class Residual : public Layer {
   Shape output_shape(const Shape& in) const override;
   void visit(const std::function<void(Layer&)>& fn) override;
   Sequential& main() { return *main_; }
+  Sequential* shortcut() { return shortcut_.get(); }  // null: the identity
   // Gradient checkpointing: keep only the block's input after forward and recompute the inside
   // during backward (bit-identical gradients, activation memory of one block at a time).
   void set_recompute(bool on) { recompute_ = on; }
@@ -167,5 +168,10 @@ class Residual : public Layer {
   std::unique_ptr<Sequential> main_, shortcut_;
   bool recompute_ = false;
 };
+
+// Every convolution of the layer tree under `root` with the geometry it runs at for input `in`
+// (shape inference through Sequential and Residual blocks, in forward order; duplicates kept):
+// what per-layer benchmarks and the CPU kernels' calibration (ops/cpu/tuning.h) time.
+std::vector<ops::ConvGeom> conv_geometries(Layer& root, const Shape& in);
 
 }  // namespace replica::nn

@@ -353,4 +353,31 @@ void Residual::visit(const std::function<void(Layer&)>& fn) {
   if (shortcut_) shortcut_->visit(fn);
 }
 
+namespace {
+Shape walk_convs(Layer& l, Shape in, std::vector<ops::ConvGeom>& out) {
+  if (auto* c = dynamic_cast<Conv2d*>(&l)) {
+    const Shape y = c->output_shape(in);
+    out.push_back(ops::ConvGeom::make(in, y[3], c->kernel(), c->kernel(), c->stride(), c->pad(), c->name()));
+    return y;
+  }
+  if (auto* q = dynamic_cast<Sequential*>(&l)) {
+    for (size_t i = 0; i < q->size(); ++i) in = walk_convs(q->at(i), in, out);
+    return in;
+  }
+  if (auto* r = dynamic_cast<Residual*>(&l)) {
+    const Shape y = r->output_shape(in);
+    walk_convs(r->main(), in, out);
+    if (r->shortcut()) walk_convs(*r->shortcut(), in, out);
+    return y;
+  }
+  return l.output_shape(in);
+}
+}  // namespace
+
+std::vector<ops::ConvGeom> conv_geometries(Layer& root, const Shape& in) {
+  std::vector<ops::ConvGeom> out;
+  walk_convs(root, in, out);
+  return out;
+}
+
 }  // namespace replica::nn

@@ -515,3 +515,44 @@ TEST(Cli, PlanPredictsEachAlternativeAndNamesBadInput) {
     EXPECT_NE(e.out.find(b.needle), std::string::npos) << b.needle << "\n" << e.out;
   }
 }
+
+// The CPU kernels' per-CPU choice (ops/cpu/tuning.h): where the avx512 copy runs, the first run
+// measures 256- against 512-bit direct kernels on its model's layers and keeps the result per CPU
+// model; the next run and --version read it; REPLICA_DIRECT_ZMM forces either width, and the
+// trained bits are the same whichever width runs.
+TEST(Cli, TheDirectKernelsWidthIsCalibratedOnceCachedAndForcible) {
+  const std::string dir = ::testing::TempDir() + "/cpu_tuning";
+  std::filesystem::remove_all(dir);
+  ::setenv("REPLICA_CACHE_DIR", (dir + "/cache").c_str(), 1);
+  const std::string common =
+      " --set model.arch=resnet20 --set data.dataset=synthetic --set data.synthetic_shape=[16,16,3]"
+      " --set data.mean=[0.5,0.5,0.5] --set data.std=[0.25,0.25,0.25] --set data.synthetic_size=256"
+      " --set train.global_batch=32 --set train.max_steps=2 --set train.eval=false --devices cpu:1 --set train.run_dir=";
+  auto model = [&](const std::string& rd) {
+    std::ifstream in(rd + "/model.bin", std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  auto first = run("train" + common + dir + "/a");
+  EXPECT_EQ(first.code, 0) << first.out;
+  const bool avx512 = first.out.find("replica: cpu kernels avx512;") != std::string::npos;
+  if (avx512) {
+    EXPECT_NE(first.out.find("(calibrated now: 512-bit "), std::string::npos) << first.out;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/cache/cpu-tuning.json"));
+    auto second = run("train" + common + dir + "/b");
+    EXPECT_NE(second.out.find("(cached: 512-bit "), std::string::npos) << second.out;
+    auto v = run("--version");
+    EXPECT_NE(v.out.find("CPU tuning: direct convolutions in "), std::string::npos) << v.out;
+    EXPECT_NE(v.out.find("cpu-tuning.json"), std::string::npos) << v.out;
+  } else {
+    EXPECT_NE(first.out.find("the only width of the"), std::string::npos) << first.out;
+  }
+  for (const char* zmm : {"0", "1"}) {
+    ::setenv("REPLICA_DIRECT_ZMM", zmm, 1);
+    auto r = run("train" + common + dir + "/zmm" + zmm);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(std::string("REPLICA_DIRECT_ZMM=") + zmm), std::string::npos) << r.out;
+    EXPECT_TRUE(model(dir + "/zmm" + zmm) == model(dir + "/a")) << "REPLICA_DIRECT_ZMM=" << zmm << " changed the bits";
+  }
+  ::unsetenv("REPLICA_DIRECT_ZMM");
+  ::unsetenv("REPLICA_CACHE_DIR");
+}

@@ -17,6 +17,7 @@
 #include "core/errors.h"
 #include "ops/backend.h"
 #include "ops/cpu/direct_conv.h"
+#include "ops/cpu/tuning.h"
 #include "ops/cpu/isa.h"
 #include "support/layer_harness.h"
 
@@ -342,3 +343,22 @@ TEST(ConvKernels, DirectKernelsInYmmAndZmmGiveTheSameBits) {
 }
 
 }  // namespace
+
+// The width choice of the CPU calibration (ops/cpu/tuning.h) from timings: each width keeps its
+// best time over alternating rounds, and 512-bit wins only by the margin.
+TEST(CpuTuning, TheWidthIsChosenByTheBestTimesWithAMargin) {
+  auto fixed = [](double ymm, double zmm) {
+    return [=](bool z) { return z ? zmm : ymm; };
+  };
+  EXPECT_TRUE(replica::ops::choose_direct_width(fixed(1.13, 1.0)).zmm) << "512-bit 1.13x: chosen";
+  EXPECT_FALSE(replica::ops::choose_direct_width(fixed(0.94, 1.0)).zmm) << "512-bit 0.94x (Zen 4): not chosen";
+  EXPECT_FALSE(replica::ops::choose_direct_width(fixed(1.02, 1.0)).zmm) << "within the 3% margin: the default";
+  EXPECT_NEAR(replica::ops::choose_direct_width(fixed(1.13, 1.0)).ratio, 1.13, 1e-12);
+  // A slow first call (a neighbour's burst) does not decide: the best of the rounds does.
+  int calls = 0;
+  auto noisy = [&](bool z) { return ++calls <= 2 ? 5.0 : (z ? 1.0 : 1.2); };
+  const auto t = replica::ops::choose_direct_width(noisy, 3);
+  EXPECT_EQ(calls, 6) << "3 rounds x 2 widths";
+  EXPECT_TRUE(t.zmm);
+  EXPECT_NEAR(t.ratio, 1.2, 1e-12);
+}
