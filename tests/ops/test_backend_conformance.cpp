@@ -29,6 +29,7 @@
 #include "ops/cpu/isa.h"
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
+#include "support/bit_identical.h"
 #include "support/compare.h"
 #include "support/host_sync_probe.h"
 #include "support/scratch.h"
@@ -624,26 +625,7 @@ TEST(CudaTraining, OneStepFromTheSameStateMatchesTheCpuPerTensor) {
   }
 }
 
-// Two runs' everything, bit for bit: each step's loss, verdict, scale and gradient norm, the model
-// file and every checkpoint section.
-void expect_bit_identical(const GpuRun& a, const GpuRun& b, const std::string& what) {
-  ASSERT_EQ(a.fit.history.size(), b.fit.history.size()) << what;
-  for (size_t i = 0; i < a.fit.history.size(); ++i) {
-    const auto &x = a.fit.history[i], &y = b.fit.history[i];
-    EXPECT_EQ(x.loss, y.loss) << what << " step " << i + 1;
-    EXPECT_EQ(x.applied, y.applied) << what << " step " << i + 1;
-    EXPECT_EQ(x.scale, y.scale) << what << " step " << i + 1;
-    if (x.applied) {  // a skipped step's norm is inf or NaN (an overflow): not a number to compare
-      EXPECT_EQ(x.grad_norm, y.grad_norm) << what << " step " << i + 1;
-    }
-  }
-  EXPECT_TRUE(a.model_bin == b.model_bin) << what << ": model.bin differs";
-  ASSERT_EQ(a.checkpoint.size(), b.checkpoint.size()) << what;
-  for (const auto& [name, bytes] : a.checkpoint) {
-    ASSERT_TRUE(b.checkpoint.count(name)) << what << ": no section " << name;
-    EXPECT_TRUE(b.checkpoint.at(name) == bytes) << what << ": checkpoint section '" << name << "' differs";
-  }
-}
+using replica::testing::expect_bit_identical;  // tests/support/bit_identical.h
 
 // (b) train.deterministic on a GPU holds what the CPU holds: the same run twice, N steps against
 // N/2 + resume + N/2, and every parallel.shard mode against the unsharded run (two replicas on

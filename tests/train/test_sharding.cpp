@@ -13,6 +13,7 @@
 
 #include "core/errors.h"
 #include "support/scratch.h"
+#include "support/bit_identical.h"
 #include "support/compare.h"
 #include "train/checkpoint.h"
 #include "train/model_io.h"
@@ -63,31 +64,9 @@ Outcome run(const std::vector<std::string>& sets, const std::string& resume = ""
   return r;
 }
 
-uint32_t bits(double v) {
-  const float f = static_cast<float>(v);
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-// Everything two runs leave, compared bit for bit; `what` names the case in failures.
+// Everything two runs leave, compared bit for bit (tests/support/bit_identical.h).
 void expect_identical(const Outcome& a, const Outcome& b, const std::string& what) {
-  ASSERT_EQ(a.fit.history.size(), b.fit.history.size()) << what;
-  for (size_t i = 0; i < a.fit.history.size(); ++i) {
-    const StepStatus &x = a.fit.history[i], &y = b.fit.history[i];
-    EXPECT_EQ(x.loss, y.loss) << what << " step " << i + 1;
-    EXPECT_EQ(x.applied, y.applied) << what << " step " << i + 1;
-    EXPECT_EQ(x.scale, y.scale) << what << " step " << i + 1;
-    if (x.applied) {
-      EXPECT_EQ(bits(x.grad_norm), bits(y.grad_norm)) << what << " step " << i + 1 << ": grad norm";
-    }
-  }
-  EXPECT_TRUE(a.model_bin == b.model_bin) << what << ": model.bin differs";
-  ASSERT_EQ(a.checkpoint.size(), b.checkpoint.size()) << what;
-  for (auto& [name, bytes] : a.checkpoint) {
-    ASSERT_TRUE(b.checkpoint.count(name)) << what << ": no section " << name;
-    EXPECT_TRUE(b.checkpoint.at(name) == bytes) << what << ": checkpoint section '" << name << "' differs";
-  }
+  replica::testing::expect_bit_identical(a, b, what);
 }
 
 }  // namespace
