@@ -201,12 +201,20 @@ CpuTuning tune_cpu_kernels(const std::vector<ConvGeom>& layers, const std::strin
         t.how = "no layer of " + what + " runs the direct kernels";
       } else {
         const bool before = direct::set_zmm(false);
+        // One measurement: passes repeated for at least 20 ms (a small model's layers at batch 1
+        // take microseconds: one pass alone would time the clock), seconds per pass.
         auto pass = [&](bool zmm) {
           direct::set_zmm(zmm);
-          return run_pass(L);
+          double spent = 0;
+          int n = 0;
+          do spent += run_pass(L), ++n;
+          while (spent < 0.02);
+          return spent / n;
         };
         const double first = pass(false) + pass(true);  // warm-up (packing buffers, pages), both widths
-        const int rounds = first < 0.2 ? 3 : first < 0.6 ? 2 : 1;  // within about 2 s
+        // As many alternated rounds as fit in about 1.5 s (best of each: a shared machine's slow
+        // phases fall on both widths), at least 1, at most 9.
+        const int rounds = static_cast<int>(std::clamp(1.5 / std::max(first, 1e-6), 1.0, 9.0));
         t = choose_direct_width(pass, rounds);
         direct::set_zmm(before);
         t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
