@@ -231,7 +231,8 @@ CpuTuning tune_cpu_kernels(const std::vector<ConvGeom>& layers, const std::strin
   return t;
 }
 
-std::string cpu_tuning_report() {
+namespace {
+std::string tuning_report_or_throw() {
   if (!forced_zmm().empty())
     return std::string("direct convolutions in ") + (env_flag("REPLICA_DIRECT_ZMM") ? "512" : "256") +
            "-bit registers (REPLICA_DIRECT_ZMM=" + forced_zmm() + ")";
@@ -243,6 +244,15 @@ std::string cpu_tuning_report() {
   return "direct convolutions: not calibrated yet for " + cpu_model_key() +
          " (the first CPU run measures 256- against 512-bit on its model's layers, ~1 s, and keeps the result in " +
          path + ")";
+}
+}  // namespace
+
+std::string cpu_tuning_report() {
+  try {
+    return tuning_report_or_throw();
+  } catch (const ConfigError& e) {  // an unusable REPLICA_CPU_ISA: --version still prints, naming it
+    return std::string("none: ") + e.what();
+  }
 }
 
 }  // namespace replica::ops
