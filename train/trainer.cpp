@@ -135,19 +135,19 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   train_ = make_dataset(cfg_.data, "train");
   test_ = make_dataset(cfg_.data, "test");
   check_classes();
+  const Shape s = train_->sample_shape();
+  if (!cfg_.data.mean.empty() && static_cast<int64_t>(cfg_.data.mean.size()) != s[2])
+    throw ConfigError(cfg_.source + ": data.mean has " + std::to_string(cfg_.data.mean.size()) + " values but " +
+                      train_->name() + " images have " + std::to_string(s[2]) + " channel(s)");
   if (devices.at(0).kind == DeviceKind::cpu) {
     // The CPU kernels' per-CPU choice (the direct convolutions' register width), measured once per
-    // CPU model on this model's own layers and cached (ops/cpu/tuning.h).
-    const Shape s = train_->sample_shape();
+    // CPU model on this model's own layers and cached (ops/cpu/tuning.h); after the checks above,
+    // so a configuration error comes at once.
     auto probe = make_model(cfg_, s, train_->classes());
     const std::string what = cfg_.model.arch + " " + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
                              std::to_string(s[2]);
     cpu_tuning_ = ops::tune_cpu_kernels(nn::conv_geometries(probe->root(), {1, s[0], s[1], s[2]}), what).line();
   }
-  const Shape s = train_->sample_shape();
-  if (!cfg_.data.mean.empty() && static_cast<int64_t>(cfg_.data.mean.size()) != s[2])
-    throw ConfigError(cfg_.source + ": data.mean has " + std::to_string(cfg_.data.mean.size()) + " values but " +
-                      train_->name() + " images have " + std::to_string(s[2]) + " channel(s)");
   aug_ = {cfg_.data.pad_crop, cfg_.data.hflip, cfg_.data.mean, cfg_.data.std};
   build(devices);
   if (plan && opts_.print)
