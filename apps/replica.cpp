@@ -382,7 +382,8 @@ int dispatch(const Commands& c, Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"replica: data-parallel training of ResNets on CPU replicas and GPUs"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", apps::version_report());
+  // Built when asked for, not at every start (it reads the libraries' versions and the CPU cache).
+  app.set_version_flag("--version", [] { return apps::version_report(); });
   Args a;
   Commands c{};
   app.add_option("--log-level", a.log_level, "debug, info, warn, error or off");

@@ -40,6 +40,13 @@ std::string today() {
   return b;
 }
 
+// A field of a cache entry when it has the type expected, else `fallback` (the file is outside
+// bytes: a hand-edited or damaged entry is skipped or read with defaults, never an exception).
+std::string text_of(const Json& e, const char* key, const std::string& fallback = "") {
+  const auto it = e.find(key);
+  return it != e.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
 // The cache: {"kind": "replica cpu tuning", "version": 1, "entries": [{cpu, kernels, zmm, ratio,
 // measured_on, date}, ...]}. A file that does not parse is reported and replaced.
 Json read_cache(const std::string& path) {
@@ -48,7 +55,7 @@ Json read_cache(const std::string& path) {
   if (!std::filesystem::exists(path, ec)) return empty;
   try {
     Json j = Json::parse(read_file(path, "the CPU tuning cache"));
-    if (j.value("kind", "") != "replica cpu tuning" || !j.contains("entries") || !j["entries"].is_array())
+    if (!j.is_object() || text_of(j, "kind") != "replica cpu tuning" || !j.contains("entries") || !j["entries"].is_array())
       throw Error("not a replica CPU tuning cache");
     return j;
   } catch (const std::exception& e) {
@@ -57,18 +64,22 @@ Json read_cache(const std::string& path) {
   }
 }
 
+// The entry of this CPU model and kernel version; entries that are not objects, name another CPU
+// or carry no boolean "zmm" are skipped.
 std::optional<CpuTuning> cached(const Json& cache) {
   const std::string cpu = cpu_model_key(), kernels = kernels_key();
   for (const Json& e : cache["entries"]) {
-    if (!e.is_object() || e.value("cpu", "") != cpu || e.value("kernels", "") != kernels) continue;
-    if (!e.contains("zmm") || !e["zmm"].is_boolean()) continue;
+    if (!e.is_object() || text_of(e, "cpu") != cpu || text_of(e, "kernels") != kernels) continue;
+    const auto zmm = e.find("zmm");
+    if (zmm == e.end() || !zmm->is_boolean()) continue;
     CpuTuning t;
-    t.zmm = e["zmm"].get<bool>();
-    t.ratio = e.value("ratio", 0.0);
+    t.zmm = zmm->get<bool>();
+    const auto ratio = e.find("ratio");
+    t.ratio = ratio != e.end() && ratio->is_number() ? ratio->get<double>() : 0.0;
     t.how = "cached";
     char b[200];
     std::snprintf(b, sizeof b, "512-bit %.2fx the 256-bit kernels, measured on %s, %s", t.ratio,
-                  e.value("measured_on", std::string("?")).c_str(), e.value("date", std::string("?")).c_str());
+                  text_of(e, "measured_on", "?").c_str(), text_of(e, "date", "?").c_str());
     t.why = b;
     return t;
   }
@@ -80,7 +91,7 @@ void write_cache(Json cache, const CpuTuning& t, const std::string& what, const 
   Json& entries = cache["entries"];
   Json kept = Json::array();
   for (const Json& e : entries)
-    if (!(e.is_object() && e.value("cpu", "") == cpu && e.value("kernels", "") == kernels)) kept.push_back(e);
+    if (!(e.is_object() && text_of(e, "cpu") == cpu && text_of(e, "kernels") == kernels)) kept.push_back(e);
   kept.push_back({{"cpu", cpu},
                   {"kernels", kernels},
                   {"zmm", t.zmm},

@@ -556,3 +556,36 @@ TEST(Cli, TheDirectKernelsWidthIsCalibratedOnceCachedAndForcible) {
   ::unsetenv("REPLICA_DIRECT_ZMM");
   ::unsetenv("REPLICA_CACHE_DIR");
 }
+
+// The CPU calibration's cache is outside bytes (a user's file): damaged, hand-edited or crafted
+// contents are skipped or replaced, never a crash, and a run still starts.
+TEST(Cli, ADamagedOrCraftedCpuTuningCacheIsReplacedNotACrash) {
+  const std::string dir = ::testing::TempDir() + "/cpu_tuning_bad";
+  const std::string common =
+      " --set model.arch=resnet20 --set data.dataset=synthetic --set data.synthetic_shape=[8,8,1]"
+      " --set data.mean=[0.5] --set data.std=[0.25] --set data.synthetic_size=64 --set model.width=4"
+      " --set train.global_batch=16 --set train.max_steps=1 --set train.eval=false --devices cpu:1 --set train.run_dir=";
+  const char* contents[] = {
+      "{not json",
+      "[1, 2, 3]",
+      "{\"kind\": 7, \"entries\": []}",
+      "{\"kind\": \"replica cpu tuning\", \"entries\": {\"a\": 1}}",
+      "{\"kind\": \"replica cpu tuning\", \"version\": 1, \"entries\": [1, \"x\", null, "
+      "{\"cpu\": 5, \"kernels\": [], \"zmm\": \"yes\", \"ratio\": \"fast\"}, {\"zmm\": true}]}",
+  };
+  int i = 0;
+  for (const char* text : contents) {
+    const std::string cache = dir + "/cache" + std::to_string(i++);
+    std::filesystem::remove_all(cache);
+    std::filesystem::create_directories(cache);
+    std::ofstream(cache + "/cpu-tuning.json") << text;
+    ::setenv("REPLICA_CACHE_DIR", cache.c_str(), 1);
+    auto v = run("--version");
+    EXPECT_EQ(v.code, 0) << text << "\n" << v.out;
+    EXPECT_NE(v.out.find("CPU tuning: "), std::string::npos) << v.out;
+    auto r = run("train" + common + dir + "/run");
+    EXPECT_EQ(r.code, 0) << text << "\n" << r.out;
+    EXPECT_NE(r.out.find("replica: cpu kernels "), std::string::npos) << r.out;
+  }
+  ::unsetenv("REPLICA_CACHE_DIR");
+}
