@@ -95,12 +95,14 @@ int bench_kernels(const KernelBenchOptions& o) {
         {"axpy (y += a x)", 3 * nb, [&] { be.axpy(1.f, x, y); }},
         {"cast f32 -> storage", nb + 4.0 * n, [&] { be.cast(xf, y); }},
         {"batch norm forward (train)", 3 * nb,
-         [&] { be.batchnorm_forward_train(x, gamma, beta, y, mean, invstd, rm, rv, 0.1f, 1e-5f, nullptr, false); }},
+         [&] { be.batchnorm_forward_train(x, gamma, beta, y, mean, invstd, rm, rv, 0.1f, 1e-5f, nullptr, Tensor(), false); }},
         {"batch norm + relu forward", 3 * nb,
-         [&] { be.batchnorm_forward_train(x, gamma, beta, y, mean, invstd, rm, rv, 0.1f, 1e-5f, nullptr, true); }},
+         [&] { be.batchnorm_forward_train(x, gamma, beta, y, mean, invstd, rm, rv, 0.1f, 1e-5f, nullptr, Tensor(), true); }},
+        {"batch norm + add + relu forward", 4 * nb,  // a residual block's join, one pass
+         [&] { be.batchnorm_forward_train(x, gamma, beta, y, mean, invstd, rm, rv, 0.1f, 1e-5f, nullptr, r, true); }},
         {"batch norm backward", 5 * nb,
          [&] { be.batchnorm_backward(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, nullptr, Tensor()); }},
-        {"batch norm + relu backward", 7 * nb,
+        {"batch norm + relu backward", 7 * nb,  // the mask read and dy written back masked (in place)
          [&] { be.batchnorm_backward(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, nullptr, r); }},
     };
     for (const Op& op : ops_) {

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
         ops::direct::set_winograd_tile(path == 1 ? 2 : 4);
       }
       double f = time([&] { be.conv2d_forward(in, w, out, g, *pool); });
-      double bd = time([&] { be.conv2d_backward_data(out, w, dx, g, *pool); });
+      double bd = time([&] { be.conv2d_backward_data(out, w, dx, g, *pool, false); });
       double bf = time([&] {
         std::fill_n(dw.data<float>(), dw.numel(), 0.f);  // small: not what is timed
         be.conv2d_backward_filter(in, out, dw, g, *pool);

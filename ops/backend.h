@@ -57,25 +57,32 @@ class Backend {
   // Convolution. backward_filter accumulates into dw (+=) so micro-batches add up.
   virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
                               MemoryPool& ws) = 0;
+  // accumulate: dx += the input gradient (cuDNN's beta = 1: a residual block's main path adds
+  // into its shortcut's gradient, no separate add); otherwise dx is overwritten.
   virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
-                                    const ConvGeom& g, MemoryPool& ws) = 0;
+                                    const ConvGeom& g, MemoryPool& ws, bool accumulate) = 0;
   virtual void conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                       const ConvGeom& g, MemoryPool& ws) = 0;
 
   // Batch norm over N*H*W per channel (last dim). Train: batch statistics (summed across
   // replicas by `allreduce` when given), saves mean and inverse std, updates running stats with
   // the unbiased variance (PyTorch's convention). dgamma/dbeta accumulate (+=).
-  // relu: a ReLU follows, fused into the same pass (y = max(bn(x), 0)). Its backward takes the
-  // output as relu_y and masks dy with relu_y > 0 first (possibly in place: the caller hands dy
-  // over, as to an in-place ReLU); an undefined relu_y means no ReLU.
+  // The epilogue is fused into the same pass: y = bn(x) + residual (when residual is defined: a
+  // residual block's join, cuDNN's BN_ADD_ACTIVATION), then max(., 0) when relu. The sum is
+  // rounded once, to y's dtype.
+  // A ReLU's backward takes the output as relu_y and masks dy with relu_y > 0 first, in place:
+  // the caller hands dy over (as to an in-place ReLU), and afterwards dy holds the gradient at
+  // the ReLU's input, which is also the residual's gradient. An undefined relu_y means no ReLU.
   virtual void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                        const Tensor& y, const Tensor& save_mean,
                                        const Tensor& save_invstd, const Tensor& running_mean,
                                        const Tensor& running_var, float momentum, float eps,
-                                       const AllReduceFn& allreduce, bool relu) = 0;
+                                       const AllReduceFn& allreduce, const Tensor& residual,
+                                       bool relu) = 0;
   virtual void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       const Tensor& y, const Tensor& running_mean,
-                                      const Tensor& running_var, float eps, bool relu) = 0;
+                                      const Tensor& running_var, float eps, const Tensor& residual,
+                                      bool relu) = 0;
   virtual void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                   const Tensor& save_mean, const Tensor& save_invstd,
                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,

@@ -183,6 +183,11 @@ for c in "fp16 256" "bf16 256" "fp16 32"; do
   table+=("| ResNet-50 224 $1 batch $2 | ${r:-none} | PyTorch AMP channels_last ${t:-not run} | $(ratio "$r" "$t")x |")
   [ -n "$r" ] || failed+=("replica-resnet50-$1-b$2 (no throughput)")
 done
+# What fusing each residual block's batch norm + add + ReLU gives (nn::Residual; REPLICA_FUSED_JOIN=0
+# runs the unfused add_relu / relu_backward / axpy passes): the same fp16 batch-256 run without it.
+REPLICA_FUSED_JOIN=0 r50 replica-resnet50-fp16-b256-unfused fp16 256
+ru=$(rate replica-resnet50-fp16-b256-unfused); rf=$(rate replica-resnet50-fp16-b256)
+table+=("| ResNet-50 fp16 batch 256, fused join (BN + add + ReLU) | ${rf:-none} | same, unfused: ${ru:-none} | $(ratio "$rf" "$ru")x |")
 # What train.deterministic costs: the same bf16 batch-256 run with it on.
 r50 replica-resnet50-bf16-b256-det bf16 256 --set train.deterministic=true
 rd=$(rate replica-resnet50-bf16-b256-det); rn=$(rate replica-resnet50-bf16-b256)
@@ -201,6 +206,10 @@ for b in 128 1024; do
   r=$(rate "replica-resnet20-b$b"); j=$(jax_rate "jax-resnet20-b$b")
   table+=("| ResNet-20 28x28 fp32 batch $b | ${r:-none} | JAX jit, 1 GPU ${j:-not run} | $(ratio "$r" "$j")x |")
 done
+REPLICA_FUSED_JOIN=0 phase replica-resnet20-b128-unfused 90 "$bin/replica" bench train --kind cuda --replicas 1 \
+      --steps 30 --warmup 5 --set train.global_batch=128 --set train.micro_batch=128 "${r20[@]}"
+ru=$(rate replica-resnet20-b128-unfused); rf=$(rate replica-resnet20-b128)
+table+=("| ResNet-20 batch 128, fused join | ${rf:-none} | same, unfused: ${ru:-none} | $(ratio "$rf" "$ru")x |")
 phase replica-resnet20-b128-det 90 "$bin/replica" bench train --kind cuda --replicas 1 --steps 30 --warmup 5 \
       --set train.global_batch=128 --set train.micro_batch=128 --set train.deterministic=true "${r20[@]}"
 rd=$(rate replica-resnet20-b128-det); rn=$(rate replica-resnet20-b128)

@@ -355,9 +355,17 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
 }
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
-                                      const ConvGeom& g, MemoryPool& ws) {
+                                      const ConvGeom& g, MemoryPool& ws, bool accumulate) {
   apply_thread_default();
   check_conv(dx, w, dy, g, "conv2d_backward_data");
+  if (accumulate) {
+    // Into a workspace, then one add: the same bits as computing dx and adding the other term
+    // after (an unfused residual block), which the kernels' own accumulation orders would not give.
+    const Tensor part = Tensor::empty(ws, dx.shape(), dx.dtype(), MemTag::workspace);
+    conv2d_backward_data(dy, w, part, g, ws, false);
+    axpy(1.f, part, dx);
+    return;
+  }
   if (const int m = kHasDirect ? direct::winograd_tile(g) : 0)
     return run_winograd(dy, g.K, w, dx, g.C, winograd::filter_backward_data, m, g, ws);
   if (kHasDirect && direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);

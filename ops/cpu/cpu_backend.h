@@ -36,16 +36,18 @@ class CpuBackend : public Backend {
   void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,
                       MemoryPool& ws) override;
   void conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, const ConvGeom& g,
-                            MemoryPool& ws) override;
+                            MemoryPool& ws, bool accumulate) override;
   void conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                               const ConvGeom& g, MemoryPool& ws) override;
   void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
                                const Tensor& running_mean, const Tensor& running_var,
-                               float momentum, float eps, const AllReduceFn& allreduce, bool relu) override;
+                               float momentum, float eps, const AllReduceFn& allreduce, const Tensor& residual,
+                               bool relu) override;
   void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               const Tensor& y, const Tensor& running_mean,
-                              const Tensor& running_var, float eps, bool relu) override;
+                              const Tensor& running_var, float eps, const Tensor& residual,
+                              bool relu) override;
   void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                           const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                           const Tensor& dgamma, const Tensor& dbeta,

@@ -118,15 +118,21 @@ const float* mask_rows(Rows& DY, Rows& RY, const float* pdy, int64_t i0, int64_t
   return m;
 }
 
-// y = x * a[c] + b[c], then max(., 0) when a ReLU is fused (NaN stays NaN, as relu_forward).
-void apply_affine(Rows& X, Rows& Y, const RowBlocks& rb, int64_t C, const float* a, const float* b, bool relu) {
+// y = x * a[c] + b[c], plus the residual's element when given (R: a residual block's join), then
+// max(., 0) when a ReLU is fused (NaN stays NaN, as relu_forward). In f32 the bits equal the
+// unfused ops' (the affine map rounded to f32, then the add, then the ReLU); 16-bit storage rounds
+// once instead of twice.
+void apply_affine(Rows& X, Rows& Y, Rows* R, const RowBlocks& rb, int64_t C, const float* a, const float* b,
+                  bool relu) {
   parallel_for(rb.count, rb.threads, [&](int64_t blk, int t) {
     const int64_t i0 = rb.first(blk), n = rb.rows(blk);
     const float* px = X.in(i0, n, t);
+    const float* pr = R ? R->in(i0, n, t) : nullptr;
     float* py = Y.out(i0, t);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < C; ++c) {
-        const float v = px[i * C + c] * a[c] + b[c];
+        float v = px[i * C + c] * a[c] + b[c];
+        if (pr) v += pr[i * C + c];
         py[i * C + c] = relu && v < 0.f ? 0.f : v;
       }
     Y.put(i0, n, t);
@@ -139,12 +145,13 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
                                          const Tensor& y, const Tensor& save_mean,
                                          const Tensor& save_invstd, const Tensor& running_mean,
                                          const Tensor& running_var, float momentum, float eps,
-                                         const AllReduceFn& allreduce, bool relu) {
+                                         const AllReduceFn& allreduce, const Tensor& residual, bool relu) {
   const int64_t C = channels_of(x, "batchnorm_forward_train"), M = x.numel() / C;
   require_same(x, y, "batchnorm_forward_train");
+  if (residual.defined()) require_same(x, residual, "batchnorm_forward_train (residual)");
   apply_thread_default();
   const RowBlocks rb(M);
-  Rows X(x, C, rb.threads), Y(y, C, rb.threads);
+  Rows X(x, C, rb.threads), Y(y, C, rb.threads), R(residual.defined() ? residual : x, C, rb.threads);
   std::vector<double> acc(C + 1, 0.0);
   block_sums(rb, C, acc, 0, [&](int64_t i0, int64_t n, float* part, int t) {
     const float* r = X.in(i0, n, t);
@@ -183,14 +190,15 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
     rm[c] = static_cast<float>((1 - momentum) * rm[c] + momentum * mean[c]);
     rv[c] = static_cast<float>((1 - momentum) * rv[c] + momentum * unbiased);
   }
-  apply_affine(X, Y, rb, C, a.data(), b.data(), relu);
+  apply_affine(X, Y, residual.defined() ? &R : nullptr, rb, C, a.data(), b.data(), relu);
 }
 
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                         const Tensor& y, const Tensor& running_mean,
-                                        const Tensor& running_var, float eps, bool relu) {
+                                        const Tensor& running_var, float eps, const Tensor& residual, bool relu) {
   const int64_t C = channels_of(x, "batchnorm_forward_eval"), M = x.numel() / C;
   require_same(x, y, "batchnorm_forward_eval");
+  if (residual.defined()) require_same(x, residual, "batchnorm_forward_eval (residual)");
   const std::vector<float> g = channel_f32(gamma), be = channel_f32(beta);
   std::vector<float> a(C), b(C);
   for (int64_t c = 0; c < C; ++c) {
@@ -200,8 +208,8 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, co
   }
   apply_thread_default();
   const RowBlocks rb(M);
-  Rows X(x, C, rb.threads), Y(y, C, rb.threads);
-  apply_affine(X, Y, rb, C, a.data(), b.data(), relu);
+  Rows X(x, C, rb.threads), Y(y, C, rb.threads), R(residual.defined() ? residual : x, C, rb.threads);
+  apply_affine(X, Y, residual.defined() ? &R : nullptr, rb, C, a.data(), b.data(), relu);
 }
 
 void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,

@@ -365,15 +365,18 @@ class CudaBackend final : public Backend {
   }
 
   void conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, const ConvGeom& g,
-                            MemoryPool& ws) override {
+                            MemoryPool& ws, bool accumulate) override {
     check_conv(dx, w, dy, "conv2d_backward_data");
     auto& ts = state();
     ConvPlan& p = plan_for(ts, g, dy.dtype());
+    // Timing writes its output: never into a gradient being added to.
+    Tensor timing_out;
+    if (!p.chosen[1]) timing_out = accumulate ? Tensor::empty(ws, dx.shape(), dx.dtype(), MemTag::workspace) : dx;
     choose<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
         p, 1, ws, g, "backward-data",
         [&](auto* perf, int* n, void* wsp, size_t cap) {
           REPLICA_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(ts.cudnn, p.w, w.raw(), p.y, dy.raw(),
-                                                                          p.conv[1], p.x, dx.raw(),
+                                                                          p.conv[1], p.x, timing_out.raw(),
                                                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, n, perf,
                                                                           wsp, cap));
         },
@@ -381,7 +384,9 @@ class CudaBackend final : public Backend {
           REPLICA_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ts.cudnn, p.w, p.y, p.conv[1], p.x,
                                                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, n, perf));
         });
-    const float alpha = 1.f, beta = 0.f;
+    timing_out = Tensor();
+    // beta = 1: dx = conv + dx, the sum formed in f32 and rounded once (a residual block's join).
+    const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
     run_conv(p, 1, ws, g, [&](int algo, void* wsp, size_t wsb) {
       REPLICA_CUDNN_CHECK(cudnnConvolutionBackwardData(ts.cudnn, &alpha, p.w, w.raw(), p.y, dy.raw(), p.conv[1],
                                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), wsp, wsb,
@@ -427,7 +432,7 @@ class CudaBackend final : public Backend {
   void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
                                const Tensor& save_mean, const Tensor& save_invstd, const Tensor& running_mean,
                                const Tensor& running_var, float momentum, float eps, const AllReduceFn& allreduce,
-                               bool relu) override {
+                               const Tensor& residual, bool relu) override {
     const int C = channels(x);
     const int64_t M = x.numel() / C;
     auto& ts = state();
@@ -444,22 +449,23 @@ class CudaBackend final : public Backend {
     // One pass for both moments, shifted by the running mean (identical on every replica under
     // sync-BN: all of them update it from the same global statistics), or by 0 where the running
     // mean is not finite (kernels.cu, bn_shift).
-    cuk::bn_shifted_moments(dp(x), M, C, running_mean.data<float>(), part, acc, s);
-    cuk::set_double(acc + C, static_cast<double>(M), s);
+    cuk::bn_shifted_moments(dp(x), M, C, running_mean.data<float>(), part, acc, s);  // and acc[C] = M
     reduce(acc, f, 2 * C + 1, allreduce, s);  // one reduction for sums, count and squares
     cuk::bn_finalize_train(acc, C, dp(gamma), dp(beta), eps, momentum, save_mean.data<float>(),
                            save_invstd.data<float>(), running_mean.data<float>(), running_var.data<float>(), a, b, s);
-    cuk::bn_apply(dp(x), dp(y), M, C, a, b, relu, s);
+    cuk::bn_apply(dp(x), residual_of(x, residual), dp(y), M, C, a, b, relu, s);
   }
 
   void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
-                              const Tensor& running_mean, const Tensor& running_var, float eps, bool relu) override {
+                              const Tensor& running_mean, const Tensor& running_var, float eps, const Tensor& residual,
+                              bool relu) override {
     const int C = channels(x);
+    const cuk::DPtr res = residual_of(x, residual);
     auto& ts = state();
     float* a = static_cast<float*>(ts.get_scratch(2 * C * sizeof(float)));
     cuk::bn_coefficients_eval(dp(gamma), dp(beta), running_mean.data<float>(), running_var.data<float>(), eps, C, a,
                               a + C, stream());
-    cuk::bn_apply(dp(x), dp(y), x.numel() / C, C, a, a + C, relu, stream());
+    cuk::bn_apply(dp(x), res, dp(y), x.numel() / C, C, a, a + C, relu, stream());
   }
 
   void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
@@ -469,19 +475,20 @@ class CudaBackend final : public Backend {
     const int64_t M = x.numel() / C;
     auto& ts = state();
     cudaStream_t s = stream();
-    const cuk::DPtr ry = relu_y.defined() ? dp(relu_y) : cuk::DPtr{};  // the fused ReLU's mask, read on the fly
+    const cuk::DPtr ry = relu_y.defined() ? dp(relu_y) : cuk::DPtr{};  // the fused ReLU's mask: dy masked in place
     // scratch: acc[2C + 1] (sum dy, sum dy * xhat, count) doubles | f[2C + 1] floats | partials
     const size_t head = align_up((2 * C + 1) * (sizeof(double) + sizeof(float)));
     char* base = static_cast<char*>(ts.get_scratch(head + cuk::bn_partials(M, C) * sizeof(double)));
     double* acc = reinterpret_cast<double*>(base);
     float* f = reinterpret_cast<float*>(acc + 2 * C + 1);
     double* part = reinterpret_cast<double*>(base + head);
-    cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, save_mean.data<float>(), save_invstd.data<float>(), part, acc, s);
-    cuk::bn_accumulate_params(acc, C, dgamma.data<float>(), dbeta.data<float>(), s);
-    cuk::set_double(acc + 2 * C, static_cast<double>(M), s);
+    // The fold also adds the local sums into dbeta / dgamma and stores the count acc[2C].
+    const cuk::BnFold fold{acc + 2 * C, static_cast<double>(M), dbeta.data<float>(), dgamma.data<float>()};
+    cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, save_mean.data<float>(), save_invstd.data<float>(), part, acc, fold,
+                          s);
     reduce(acc, f, 2 * C + 1, allreduce, s);  // sync-BN: dx needs the sums over the global batch
-    cuk::bn_backward_apply(dp(dy), ry, dp(x), dp(gamma), save_mean.data<float>(), save_invstd.data<float>(), acc,
-                           dp(dx), M, C, s);
+    cuk::bn_backward_apply(dp(dy), dp(x), dp(gamma), save_mean.data<float>(), save_invstd.data<float>(), acc, dp(dx),
+                           M, C, s);
   }
 
   void batchnorm_backward_frozen(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -495,11 +502,11 @@ class CudaBackend final : public Backend {
     const size_t head = align_up(2 * C * sizeof(double));
     char* base = static_cast<char*>(ts.get_scratch(head + cuk::bn_partials(M, C) * sizeof(double)));
     double* acc = reinterpret_cast<double*>(base);
+    const cuk::BnFold fold{nullptr, 0, dbeta.data<float>(), dgamma.data<float>()};
     cuk::bn_backward_sums(dp(dy), ry, dp(x), M, C, mean.data<float>(), invstd.data<float>(),
-                          reinterpret_cast<double*>(base + head), acc, s);
-    cuk::bn_accumulate_params(acc, C, dgamma.data<float>(), dbeta.data<float>(), s);
-    cuk::bn_backward_apply(dp(dy), ry, dp(x), dp(gamma), mean.data<float>(), invstd.data<float>(), nullptr, dp(dx), M,
-                           C, s);
+                          reinterpret_cast<double*>(base + head), acc, fold, s);
+    cuk::bn_backward_apply(dp(dy), dp(x), dp(gamma), mean.data<float>(), invstd.data<float>(), nullptr, dp(dx), M, C,
+                           s);
   }
 
   void relu_forward(const Tensor& x, const Tensor& y) override {
@@ -781,6 +788,14 @@ class CudaBackend final : public Backend {
     Tensor c = Tensor::empty(ws, t.shape(), dt, MemTag::workspace);
     cuk::cast(dp(t), dp(c), t.numel(), stream());
     return c;
+  }
+
+  // A batch norm's fused residual (undefined: none), checked against its input.
+  static cuk::DPtr residual_of(const Tensor& x, const Tensor& residual) {
+    if (!residual.defined()) return {};
+    require_float(residual, "batchnorm (residual)");
+    require_same(x, residual, "batchnorm (residual)");
+    return dp(residual);
   }
 
   static int channels(const Tensor& x) {

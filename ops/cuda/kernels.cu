@@ -383,8 +383,14 @@ __device__ void write_channel_partials(double t1, double t2, int C, int c, doubl
   }
 }
 
-// out1[c] = sum over block rows r of part[r][c], out2[c] likewise of part[r][C + c], r ascending.
-__global__ void k_bn_fold(const double* part, int rows, int C, double* out1, double* out2) {
+// out1[c] = sum over block rows r of part[r][c], out2[c] likewise of part[r][C + c], r ascending;
+// then the fold's epilogue (kernels.h, BnFold): what were two more launches per batch norm.
+__device__ __forceinline__ void bn_fold_epilogue(const BnFold& e, int c, double s1, double s2) {
+  if (e.add1) e.add1[c] += static_cast<float>(s1);
+  if (e.add2) e.add2[c] += static_cast<float>(s2);
+}
+__global__ void k_bn_fold(const double* part, int rows, int C, double* out1, double* out2, BnFold e) {
+  if (e.count_at && blockIdx.x == 0 && threadIdx.x == 0) *e.count_at = e.count;
   GRID_STRIDE(c, C) {
     double a = 0, b = 0;
     for (int r = 0; r < rows; ++r) {
@@ -393,6 +399,7 @@ __global__ void k_bn_fold(const double* part, int rows, int C, double* out1, dou
     }
     out1[c] = a;
     out2[c] = b;
+    bn_fold_epilogue(e, c, a, b);
   }
 }
 
@@ -449,9 +456,15 @@ __global__ void k_bn_moments(DPtr x, int64_t M, int C, const float* shift, doubl
   write_channel_partials(t.x, t.y, C, c, part);
 }
 
-// The gradient reaching batch norm: dy, or zero where a fused ReLU's output was not positive.
+// The gradient reaching batch norm: dy, or zero where a fused ReLU's output was not positive;
+// with a ReLU the masked value is written back to dy (the element's only reader and writer is
+// this thread), for the apply pass and a residual's shortcut to read.
 __device__ __forceinline__ float masked_dy(DPtr dy, DPtr ry, int64_t i) {
-  return ry.p && !(ld(ry.p, ry.dt, i) > 0.f) ? 0.f : ld(dy.p, dy.dt, i);
+  const float g = ld(dy.p, dy.dt, i);
+  if (!ry.p) return g;
+  if (ld(ry.p, ry.dt, i) > 0.f) return g;
+  st(dy.mut(), dy.dt, i, 0.f);
+  return 0.f;
 }
 
 __global__ void k_bn_bwd_sums(DPtr dy, DPtr ry, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
@@ -482,7 +495,6 @@ __global__ void k_d2f(const double* a, float* f, int n) {
 __global__ void k_f2d(const float* f, double* a, int n) {
   GRID_STRIDE(i, n) a[i] = f[i];
 }
-__global__ void k_set_double(double* a, double v) { *a = v; }
 // Folds one loss kernel's results into the step's f32 sums (the step reads them once).
 __global__ void k_xent_fold(const double* result, const int* counts, float* sums) {
   sums[0] += static_cast<float>(*result);
@@ -520,7 +532,8 @@ __global__ void k_bn_coef_eval(DPtr gamma, DPtr beta, const float* rm, const flo
 
 // The [M, C] passes of batch norm run on the statistics' grid (a fixed channel per thread, rows
 // strided): no per-element index division, and the channel's coefficients stay in registers.
-__global__ void k_bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu) {
+// res.p: a residual added before the ReLU (a residual block's join).
+__global__ void k_bn_apply(DPtr x, DPtr res, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   if (c >= C) return;
   const float ac = a[c], bc = b[c];
@@ -530,7 +543,10 @@ __global__ void k_bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, con
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t rr = r + u * S;
-      if (rr < M) v[u] = ld(x.p, x.dt, rr * C + c) * ac + bc;
+      if (rr < M) {
+        v[u] = ld(x.p, x.dt, rr * C + c) * ac + bc;
+        if (res.p) v[u] += ld(res.p, res.dt, rr * C + c);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -540,14 +556,8 @@ __global__ void k_bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, con
   }
 }
 
-__global__ void k_bn_params(const double* acc, int C, float* dgamma, float* dbeta) {
-  GRID_STRIDE(c, C) {
-    dbeta[c] += static_cast<float>(acc[c]);
-    dgamma[c] += static_cast<float>(acc[C + c]);
-  }
-}
-
-__global__ void k_bn_bwd_apply(DPtr dy, DPtr ry, DPtr x, DPtr gamma, const float* mean, const float* invstd,
+// dy arrives masked (a fused ReLU's mask was applied in place by the sums pass).
+__global__ void k_bn_bwd_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd,
                                const double* acc, DPtr dx, int64_t M, int C) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   if (c >= C) return;
@@ -567,7 +577,7 @@ __global__ void k_bn_bwd_apply(DPtr dy, DPtr ry, DPtr x, DPtr gamma, const float
       const int64_t rr = r + u * S;
       if (rr < M) {
         const int64_t i = rr * C + c;
-        const float g = masked_dy(dy, ry, i);
+        const float g = ld(dy.p, dy.dt, i);
         v[u] = acc ? k * (g - m1 - (ld(x.p, x.dt, i) - mu) * inv * m2) : k * g;
       }
     }
@@ -584,7 +594,8 @@ __global__ void k_bn_bwd_apply(DPtr dy, DPtr ry, DPtr x, DPtr gamma, const float
 // registers for all its rows (the grid's thread count is a multiple of CV, so striding over the
 // tensor's vectors keeps a thread's channels), and no index is divided per element.
 template <typename T>
-__global__ void k_bn_apply8(const T* x, T* y, int64_t M, int C, const float* a, const float* b, bool relu) {
+__global__ void k_bn_apply8(const T* x, const T* res, T* y, int64_t M, int C, const float* a, const float* b,
+                            bool relu) {
   const int CV = C / kVec;
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int c0 = static_cast<int>(t % CV) * kVec;
@@ -593,11 +604,13 @@ __global__ void k_bn_apply8(const T* x, T* y, int64_t M, int C, const float* a, 
   for (int j = 0; j < kVec; ++j) ac[j] = a[c0 + j], bc[j] = b[c0 + j];
   const int64_t rows = static_cast<int64_t>(gridDim.x) * blockDim.x / CV;
   for (int64_t r = t / CV; r < M; r += rows) {
-    float v[kVec];
+    float v[kVec], rv[kVec] = {};
     load8(x + r * C + c0, v);
+    if (res) load8(res + r * C + c0, rv);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       v[j] = v[j] * ac[j] + bc[j];
+      if (res) v[j] += rv[j];
       if (relu && v[j] < 0.f) v[j] = 0.f;
     }
     store8(y + r * C + c0, v);
@@ -605,7 +618,7 @@ __global__ void k_bn_apply8(const T* x, T* y, int64_t M, int C, const float* a, 
 }
 
 template <typename T>
-__global__ void k_bn_bwd_apply8(const T* dy, const T* ry, const T* x, DPtr gamma, const float* mean,
+__global__ void k_bn_bwd_apply8(const T* dy, const T* x, DPtr gamma, const float* mean,
                                 const float* invstd, const double* acc, T* dx, int64_t M, int C) {
   const int CV = C / kVec;
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -627,14 +640,8 @@ __global__ void k_bn_bwd_apply8(const T* dy, const T* ry, const T* x, DPtr gamma
   for (int64_t r = t / CV; r < M; r += rows) {
     const int64_t i = r * C + c0;
     float g[kVec], xv[kVec], o[kVec];
-    load8(dy + i, g);
+    load8(dy + i, g);  // masked already, when a ReLU was fused
     load8(x + i, xv);
-    if (ry) {
-      float m[kVec];
-      load8(ry + i, m);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) g[j] = m[j] > 0.f ? g[j] : 0.f;  // the fused ReLU's mask
-    }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) o[j] = acc ? k[j] * (g[j] - m1[j] - (xv[j] - mu[j]) * inv[j] * m2[j]) : k[j] * g[j];
     store8(dx + i, o);
@@ -687,6 +694,9 @@ __global__ void __launch_bounds__(kThreads, 2) k_bn_sums8(const T* a, const T* r
           load8(ry + ru * C + c0, m);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) v[u][j] = m[j] > 0.f ? v[u][j] : 0.f;
+          // Written back: the apply pass and a residual's shortcut read the masked gradient
+          // (this thread is the rows' only reader and writer).
+          store8(const_cast<T*>(a) + ru * C + c0, v[u]);
         }
       }
     }
@@ -732,8 +742,9 @@ __global__ void __launch_bounds__(kThreads, 2) k_bn_sums8(const T* a, const T* r
 // out1[c] = sum over blocks b of part[b][c], out2[c] likewise of part[b][C + c], in a fixed order:
 // 32 lanes each add every 32nd block in order, then the lanes are added in order. Blocks of 32
 // columns x 32 lanes.
-__global__ void k_bn_fold_rows(const double* part, int rows, int C, double* out1, double* out2) {
+__global__ void k_bn_fold_rows(const double* part, int rows, int C, double* out1, double* out2, BnFold e) {
   __shared__ double sh[32][33];
+  if (e.count_at && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) *e.count_at = e.count;
   const int q = blockIdx.x * 32 + threadIdx.x;
   double acc = 0;
   if (q < 2 * C)
@@ -743,8 +754,13 @@ __global__ void k_bn_fold_rows(const double* part, int rows, int C, double* out1
   if (threadIdx.y == 0 && q < 2 * C) {
     double t = 0;
     for (int l = 0; l < 32; ++l) t += sh[l][threadIdx.x];
-    if (q < C) out1[q] = t;
-    else out2[q - C] = t;
+    if (q < C) {
+      out1[q] = t;
+      if (e.add1) e.add1[q] += static_cast<float>(t);
+    } else {
+      out2[q - C] = t;
+      if (e.add2) e.add2[q - C] += static_cast<float>(t);
+    }
   }
 }
 
@@ -1058,14 +1074,16 @@ int64_t bn_partials(int64_t M, int C) {  // doubles of scratch for either form
   if (M <= 0 || C <= 0) return 0;
   return std::max<int64_t>(bn_grid(M, C).y, bn_sum_blocks(M, C)) * 2 * C;
 }
-void bn_fold_blocks(const double* part, int blocks, int C, double* out1, double* out2, cudaStream_t s) {
-  k_bn_fold_rows<<<(2 * C + 31) / 32, dim3(32, 32), 0, s>>>(part, blocks, C, out1, out2);
+void bn_fold_blocks(const double* part, int blocks, int C, double* out1, double* out2, const BnFold& e,
+                    cudaStream_t s) {
+  k_bn_fold_rows<<<(2 * C + 31) / 32, dim3(32, 32), 0, s>>>(part, blocks, C, out1, out2, e);
   check_launch("k_bn_fold_rows");
 }
-void bn_fold(const double* part, int rows, int C, double* out1, double* out2, cudaStream_t s) {
-  LAUNCH(k_bn_fold, C, s, part, rows, C, out1, out2);
+void bn_fold(const double* part, int rows, int C, double* out1, double* out2, const BnFold& e, cudaStream_t s) {
+  LAUNCH(k_bn_fold, C, s, part, rows, C, out1, out2, e);
 }
 void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* part, double* acc, cudaStream_t s) {
+  const BnFold count{acc + C, static_cast<double>(M)};  // the count between the two sums
   if (M <= 0 || C <= 0) return;
   if (bn_vectors(C, {x})) {
     const int blocks = bn_sum_blocks(M, C);
@@ -1075,16 +1093,16 @@ void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* pa
                                                        nullptr, part);
     });
     check_launch("k_bn_sums8 (moments)");
-    bn_fold_blocks(part, blocks, C, acc, acc + C + 1, s);
+    bn_fold_blocks(part, blocks, C, acc, acc + C + 1, count, s);
     return;
   }
   const dim3 grid = bn_grid(M, C);
   k_bn_moments<<<grid, dim3(32, kBnRows), 0, s>>>(x, M, C, shift, part);
   check_launch("k_bn_moments");
-  bn_fold(part, static_cast<int>(grid.y), C, acc, acc + C + 1, s);
+  bn_fold(part, static_cast<int>(grid.y), C, acc, acc + C + 1, count, s);
 }
 void bn_backward_sums(DPtr dy, DPtr relu_y, DPtr x, int64_t M, int C, const float* mean, const float* invstd,
-                      double* part, double* acc, cudaStream_t s) {
+                      double* part, double* acc, const BnFold& e, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
   if (bn_vectors(C, {dy, relu_y, x})) {
     const int blocks = bn_sum_blocks(M, C);
@@ -1094,20 +1112,16 @@ void bn_backward_sums(DPtr dy, DPtr relu_y, DPtr x, int64_t M, int C, const floa
                                                       static_cast<const T*>(x.p), M, C, mean, invstd, part);
     });
     check_launch("k_bn_sums8 (backward)");
-    bn_fold_blocks(part, blocks, C, acc, acc + C, s);
+    bn_fold_blocks(part, blocks, C, acc, acc + C, e, s);
     return;
   }
   const dim3 grid = bn_grid(M, C);
   k_bn_bwd_sums<<<grid, dim3(32, kBnRows), 0, s>>>(dy, relu_y, x, M, C, mean, invstd, part);
   check_launch("k_bn_bwd_sums");
-  bn_fold(part, static_cast<int>(grid.y), C, acc, acc + C, s);
+  bn_fold(part, static_cast<int>(grid.y), C, acc, acc + C, e, s);
 }
 void doubles_to_floats(const double* a, float* f, int n, cudaStream_t s) { LAUNCH(k_d2f, n, s, a, f, n); }
 void floats_to_doubles(const float* f, double* a, int n, cudaStream_t s) { LAUNCH(k_f2d, n, s, f, a, n); }
-void set_double(double* a, double v, cudaStream_t s) {
-  k_set_double<<<1, 1, 0, s>>>(a, v);
-  check_launch("k_set_double");
-}
 void bn_finalize_train(const double* acc, int C, DPtr gamma, DPtr beta, float eps, float momentum, float* save_mean,
                        float* save_invstd, float* running_mean, float* running_var, float* a, float* b,
                        cudaStream_t s) {
@@ -1118,37 +1132,35 @@ void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, cons
                           float* a, float* b, cudaStream_t s) {
   LAUNCH(k_bn_coef_eval, C, s, gamma, beta, running_mean, running_var, eps, C, a, b);
 }
-void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu, cudaStream_t s) {
+void bn_apply(DPtr x, DPtr residual, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu,
+              cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
-  if (bn_vectors(C, {x, y})) {
+  if (bn_vectors(C, {x, residual, y})) {
     with_type(x.dt, [&](auto tag) {
       using T = decltype(tag);
-      k_bn_apply8<T><<<bn_apply_blocks(M, C), kThreads, 0, s>>>(static_cast<const T*>(x.p), static_cast<T*>(y.mut()),
-                                                                   M, C, a, b, relu);
+      k_bn_apply8<T><<<bn_apply_blocks(M, C), kThreads, 0, s>>>(
+          static_cast<const T*>(x.p), static_cast<const T*>(residual.p), static_cast<T*>(y.mut()), M, C, a, b, relu);
     });
     check_launch("k_bn_apply8");
     return;
   }
-  k_bn_apply<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(x, y, M, C, a, b, relu);
+  k_bn_apply<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(x, residual, y, M, C, a, b, relu);
   check_launch("k_bn_apply");
 }
-void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta, cudaStream_t s) {
-  LAUNCH(k_bn_params, C, s, acc, C, dgamma, dbeta);
-}
-void bn_backward_apply(DPtr dy, DPtr relu_y, DPtr x, DPtr gamma, const float* mean, const float* invstd,
-                       const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s) {
+void bn_backward_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd, const double* acc, DPtr dx,
+                       int64_t M, int C, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
-  if (bn_vectors(C, {dy, relu_y, x, dx})) {
+  if (bn_vectors(C, {dy, x, dx})) {
     with_type(dy.dt, [&](auto tag) {
       using T = decltype(tag);
       k_bn_bwd_apply8<T><<<bn_apply_blocks(M, C), kThreads, 0, s>>>(
-          static_cast<const T*>(dy.p), static_cast<const T*>(relu_y.p), static_cast<const T*>(x.p), gamma, mean, invstd,
-          acc, static_cast<T*>(dx.mut()), M, C);
+          static_cast<const T*>(dy.p), static_cast<const T*>(x.p), gamma, mean, invstd, acc, static_cast<T*>(dx.mut()),
+          M, C);
     });
     check_launch("k_bn_bwd_apply8");
     return;
   }
-  k_bn_bwd_apply<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(dy, relu_y, x, gamma, mean, invstd, acc, dx, M, C);
+  k_bn_bwd_apply<<<bn_grid(M, C), dim3(32, kBnRows), 0, s>>>(dy, x, gamma, mean, invstd, acc, dx, M, C);
   check_launch("k_bn_bwd_apply");
 }
 

@@ -66,15 +66,25 @@ void lars_ratios(const float* w, const float* g, const int64_t* offsets, const i
 // The sums are deterministic: per-block partials into `part` (bn_partials(M, C) doubles of
 // scratch), added in a fixed order into acc (acc = the sums, not +=).
 int64_t bn_partials(int64_t M, int C);
+// What the kernel that folds the partials also does, instead of launches of their own: store the
+// row count (*count_at = count, for the statistics' all-reduce and finalize) and add the two sums,
+// rounded to f32, into add1 / add2 (batch norm's dbeta / dgamma += the local sums). Null: nothing.
+struct BnFold {
+  double* count_at = nullptr;
+  double count = 0;
+  float* add1 = nullptr;
+  float* add2 = nullptr;
+};
+// acc[C] = M, the count (the fold stores it).
 void bn_shifted_moments(DPtr x, int64_t M, int C, const float* shift, double* part, double* acc,
                         cudaStream_t s);
 // acc[c] = sum g; acc[C + c] = sum g * (x - mean[c]) * invstd[c] with g = dy, masked by relu_y > 0
-// when relu_y.p is set (a fused ReLU); `part` as above.
+// when relu_y.p is set (a fused ReLU): the masked g is then written back to dy, in place (what the
+// apply pass and a residual block's shortcut read); `part` as above.
 void bn_backward_sums(DPtr dy, DPtr relu_y, DPtr x, int64_t M, int C, const float* mean,
-                      const float* invstd, double* part, double* acc, cudaStream_t s);
+                      const float* invstd, double* part, double* acc, const BnFold& fold, cudaStream_t s);
 void doubles_to_floats(const double* a, float* f, int n, cudaStream_t s);
 void floats_to_doubles(const float* f, double* a, int n, cudaStream_t s);
-void set_double(double* a, double v, cudaStream_t s);
 // From the shifted moments and the count acc[C]: saved mean/invstd, running stats (the shift is
 // read before they move), and the y = x * a + b coefficients.
 void bn_finalize_train(const double* acc, int C, DPtr gamma, DPtr beta, float eps, float momentum,
@@ -82,13 +92,13 @@ void bn_finalize_train(const double* acc, int C, DPtr gamma, DPtr beta, float ep
                        float* a, float* b, cudaStream_t s);
 void bn_coefficients_eval(DPtr gamma, DPtr beta, const float* running_mean, const float* running_var,
                           float eps, int C, float* a, float* b, cudaStream_t s);
-void bn_apply(DPtr x, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu, cudaStream_t s);
-// dgamma[c] += acc[C + c]; dbeta[c] += acc[c].
-void bn_accumulate_params(const double* acc, int C, float* dgamma, float* dbeta, cudaStream_t s);
+// y = x * a + b (+ residual, when residual.p is set), then max(., 0) when relu.
+void bn_apply(DPtr x, DPtr residual, DPtr y, int64_t M, int C, const float* a, const float* b, bool relu,
+              cudaStream_t s);
 // dx = gamma * invstd * (dy - m1 - xhat * m2), m1/m2 = acc sums over the count acc[2C]; frozen
-// (acc == null): dx = gamma * invstd * dy.
-void bn_backward_apply(DPtr dy, DPtr relu_y, DPtr x, DPtr gamma, const float* mean,
-                       const float* invstd, const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s);
+// (acc == null): dx = gamma * invstd * dy. dy as bn_backward_sums left it (masked).
+void bn_backward_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const float* invstd,
+                       const double* acc, DPtr dx, int64_t M, int C, cudaStream_t s);
 
 // Pooling (NHWC).
 void maxpool_forward(DPtr x, DPtr y, int32_t* argmax, int N, int H, int W, int C, int P, int Q,

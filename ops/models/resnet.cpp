@@ -1,9 +1,10 @@
 // ResNet builders. Shortcuts are identity when shapes match, else 1x1 conv + BN ("option B",
 // as torchvision and the PyTorch anchor in ../shared/anchors/torch_resnet.py). Every BN that a
 // ReLU follows carries it fused (one pass fewer over those activations, forward and backward);
-// a block's join is one add+ReLU.
+// a block's join (its last batch norm, the add and the ReLU) is one pass too (nn::Residual).
 #include "ops/models/resnet.h"
 
+#include "core/env.h"
 #include "core/errors.h"
 
 namespace replica::models {
@@ -121,6 +122,9 @@ std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
       }
     }
   }
+  const bool fused = cfg.fused_join && env_flag("REPLICA_FUSED_JOIN", true);
+  for (size_t i = 0; i < root->size(); ++i)
+    if (auto* block = dynamic_cast<nn::Residual*>(&root->at(i))) block->set_fused_join(fused);
   if (cfg.checkpoint_every > 0) {
     int index = 0;
     for (size_t i = 0; i < root->size(); ++i)

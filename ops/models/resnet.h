@@ -17,6 +17,9 @@ struct ResNetConfig {
   int64_t base_width = 0;          // 0: the architecture's default (16 CIFAR, 64 ImageNet)
   bool zero_init_residual = false; // last BN gamma of each block starts at 0
   int checkpoint_every = 0;        // gradient checkpointing: 0 none, 1 every block, N every N-th
+  // Each block's batch norm + add + ReLU as one pass (nn::Residual); REPLICA_FUSED_JOIN=0 turns it
+  // off for a side-by-side measurement (in f32 on the CPU both give the same bits).
+  bool fused_join = true;
 };
 
 std::vector<std::string> resnet_archs();

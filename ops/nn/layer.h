@@ -21,6 +21,10 @@ class Layer {
   virtual Tensor forward(Context& ctx, const Tensor& x) = 0;
   // Returns the gradient with respect to the input (undefined when not needed).
   virtual Tensor backward(Context& ctx, const Tensor& dy) = 0;
+  // The same, adding the input gradient into `acc` (same shape as the input) instead of returning
+  // it: a residual block's main path adds into its shortcut's gradient. This default computes it
+  // and adds; a convolution lets its kernel add (no extra pass).
+  virtual void backward_add(Context& ctx, const Tensor& dy, const Tensor& acc);
   // Declares parameters and buffers (containers recurse in forward order).
   virtual void register_params(ParamRegistry&) {}
   // The output shape for an input shape; throws ShapeError naming the layer if they do not fit.
@@ -39,6 +43,7 @@ class Conv2d : public Layer {
   Conv2d(std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride, int64_t pad);
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
+  void backward_add(Context& ctx, const Tensor& dy, const Tensor& acc) override;
   void register_params(ParamRegistry& reg) override;
   Shape output_shape(const Shape& in) const override;
   // The first layer of a model need not compute the gradient of the images.
@@ -61,12 +66,18 @@ class BatchNorm2d : public Layer {
   BatchNorm2d(std::string name, int64_t channels, float momentum = 0.1f, float eps = 1e-5f,
               bool zero_gamma = false, bool relu = false);
   Tensor forward(Context& ctx, const Tensor& x) override;
+  // y = max(bn(x) + residual, 0) in one pass: a residual block's join (Residual calls it on its
+  // main path's last batch norm). backward then masks dy in place with the ReLU, so afterwards dy
+  // holds the gradient of the sum: the residual's gradient.
+  Tensor forward_join(Context& ctx, const Tensor& x, const Tensor& residual);
   Tensor backward(Context& ctx, const Tensor& dy) override;
   void register_params(ParamRegistry& reg) override;
   Shape output_shape(const Shape& in) const override;
+  bool relu() const { return relu_; }
   Tensor gamma, beta, gamma_grad, beta_grad, running_mean, running_var;
 
  private:
+  Tensor run(Context& ctx, const Tensor& x, const Tensor& residual, bool relu);
   int64_t c_;
   float momentum_, eps_;
   bool zero_gamma_, relu_;
@@ -140,6 +151,10 @@ class Sequential : public Layer {
   void register_params(ParamRegistry& reg) override;
   Shape output_shape(const Shape& in) const override;
   void visit(const std::function<void(Layer&)>& fn) override;
+  // Layers [first, last) forward; backward runs them from last - 1 down to first (a residual
+  // block runs its main path in parts to fuse its join).
+  Tensor forward_range(Context& ctx, const Tensor& x, size_t first, size_t last);
+  Tensor backward_range(Context& ctx, const Tensor& dy, size_t first, size_t last);
   size_t size() const { return layers_.size(); }
   Layer& at(size_t i) { return *layers_[i]; }
 
@@ -147,7 +162,12 @@ class Sequential : public Layer {
   std::vector<LayerPtr> layers_;
 };
 
-// relu(main(x) + shortcut(x)); an empty shortcut is the identity.
+// relu(main(x) + shortcut(x)); an empty shortcut is the identity. When the main path ends in a
+// batch norm without a ReLU of its own (every ResNet block), the join is fused: that batch norm,
+// the add and the ReLU are one pass forward, and backward has no ReLU or add pass of its own (the
+// batch norm masks the gradient in place; the main path's first layer adds into the shortcut's
+// gradient). The unfused form is kept for other main paths and for comparison
+// (set_fused_join(false)); in f32 on the CPU the two give the same bits.
 class Residual : public Layer {
  public:
   Residual(std::string name, std::unique_ptr<Sequential> main, std::unique_ptr<Sequential> shortcut);
@@ -162,11 +182,14 @@ class Residual : public Layer {
   // during backward (bit-identical gradients, activation memory of one block at a time).
   void set_recompute(bool on) { recompute_ = on; }
   bool recompute() const { return recompute_; }
+  void set_fused_join(bool on) { fuse_join_ = on; }
+  // The main path's last batch norm when the join is fused, else null.
+  BatchNorm2d* fused_join() const;
 
  private:
   Tensor forward_impl(Context& ctx, const Tensor& x);
   std::unique_ptr<Sequential> main_, shortcut_;
-  bool recompute_ = false;
+  bool recompute_ = false, fuse_join_ = true;
 };
 
 // Every convolution of the layer tree under `root` with the geometry it runs at for input `in`

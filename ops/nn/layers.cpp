@@ -17,6 +17,11 @@ void expect_channels(const Shape& in, int64_t c, const std::string& who) {
 }
 }  // namespace
 
+void Layer::backward_add(Context& ctx, const Tensor& dy, const Tensor& acc) {
+  const Tensor dx = backward(ctx, dy);
+  if (dx.defined()) ctx.backend().axpy(1.f, dx, acc);
+}
+
 // ---- Conv2d -----------------------------------------------------------------------------
 
 Conv2d::Conv2d(std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride,
@@ -64,8 +69,20 @@ Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
   ctx.grads_ready(slot_, 1);
   if (!input_grad_) return {};
   Tensor dx = ctx.alloc(x.shape());
-  ctx.backend().conv2d_backward_data(dy, weight, dx, g, ctx.pool());
+  ctx.backend().conv2d_backward_data(dy, weight, dx, g, ctx.pool(), false);
   return dx;
+}
+
+void Conv2d::backward_add(Context& ctx, const Tensor& dy, const Tensor& acc) {
+  Tensor x = ctx.saved(this).at(0);
+  ctx.release(this);
+  auto g = ops::ConvGeom::make(x.shape(), out_, k_, k_, stride_, pad_, name_);
+  if (acc.shape() != x.shape())
+    throw ShapeError(name_ + ": the gradient to add into is " + acc.shape().str() + ", the input " + x.shape().str());
+  ctx.grads_needed(slot_, 1);
+  ctx.backend().conv2d_backward_filter(x, dy, weight_grad, g, ctx.pool());
+  ctx.grads_ready(slot_, 1);
+  if (input_grad_) ctx.backend().conv2d_backward_data(dy, weight, acc, g, ctx.pool(), true);
 }
 
 // ---- BatchNorm2d ------------------------------------------------------------------------
@@ -102,16 +119,26 @@ Shape BatchNorm2d::output_shape(const Shape& in) const {
   return in;
 }
 
-Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
+Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) { return run(ctx, x, Tensor(), relu_); }
+
+Tensor BatchNorm2d::forward_join(Context& ctx, const Tensor& x, const Tensor& residual) {
+  if (residual.shape() != x.shape())
+    throw ShapeError(name_ + ": the residual " + residual.shape().str() + " does not match the input " +
+                     x.shape().str());
+  return run(ctx, x, residual, true);
+}
+
+Tensor BatchNorm2d::run(Context& ctx, const Tensor& x, const Tensor& residual, bool relu) {
   output_shape(x.shape());
   Tensor y = ctx.alloc(x.shape());
+  // What backward needs: x, the statistics, and the output when a ReLU ends the pass (its mask).
   if (!ctx.training() || ctx.bn_frozen) {
-    ctx.backend().batchnorm_forward_eval(x, gamma, beta, y, running_mean, running_var, eps_, relu_);
+    ctx.backend().batchnorm_forward_eval(x, gamma, beta, y, running_mean, running_var, eps_, residual, relu);
     if (ctx.training()) {
       // Frozen BN: y is an affine map of x with the running statistics; backward needs those.
       Tensor invstd = ctx.alloc({c_}, MemTag::activations, DType::f32);
       ctx.backend().rsqrt_eps(running_var, invstd, eps_);
-      ctx.saved(this) = {x, running_mean, invstd, relu_ ? y : Tensor()};
+      ctx.saved(this) = {x, running_mean, invstd, relu ? y : Tensor()};
     }
     return y;
   }
@@ -119,8 +146,8 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
   Tensor invstd = ctx.alloc({c_}, MemTag::activations, DType::f32);
   // A recomputation (gradient checkpointing) must not move the running statistics again.
   ctx.backend().batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var,
-                                        ctx.recomputing ? 0.f : momentum_, eps_, ctx.bn_allreduce, relu_);
-  ctx.saved(this) = {x, mean, invstd, relu_ ? y : Tensor()};
+                                        ctx.recomputing ? 0.f : momentum_, eps_, ctx.bn_allreduce, residual, relu);
+  ctx.saved(this) = {x, mean, invstd, relu ? y : Tensor()};
   return y;
 }
 
@@ -253,20 +280,24 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
 
 // ---- containers -------------------------------------------------------------------------
 
-Tensor Sequential::forward(Context& ctx, const Tensor& x) {
+Tensor Sequential::forward(Context& ctx, const Tensor& x) { return forward_range(ctx, x, 0, layers_.size()); }
+
+Tensor Sequential::backward(Context& ctx, const Tensor& dy) { return backward_range(ctx, dy, 0, layers_.size()); }
+
+Tensor Sequential::forward_range(Context& ctx, const Tensor& x, size_t first, size_t last) {
   Tensor h = x;
-  for (auto& l : layers_) {
-    AllocationSite site(l->name().c_str());  // what each layer allocates is attributed to it
-    h = l->forward(ctx, h);
+  for (size_t i = first; i < last; ++i) {
+    AllocationSite site(layers_[i]->name().c_str());  // what each layer allocates is attributed to it
+    h = layers_[i]->forward(ctx, h);
   }
   return h;
 }
 
-Tensor Sequential::backward(Context& ctx, const Tensor& dy) {
+Tensor Sequential::backward_range(Context& ctx, const Tensor& dy, size_t first, size_t last) {
   Tensor g = dy;
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    AllocationSite site((*it)->name().c_str());
-    g = (*it)->backward(ctx, g);
+  for (size_t i = last; i-- > first;) {
+    AllocationSite site(layers_[i]->name().c_str());
+    g = layers_[i]->backward(ctx, g);
   }
   return g;
 }
@@ -299,7 +330,25 @@ Tensor Residual::forward(Context& ctx, const Tensor& x) {
   return forward_impl(ctx, x);
 }
 
+BatchNorm2d* Residual::fused_join() const {
+  if (!fuse_join_ || main_->size() < 2) return nullptr;
+  auto* bn = dynamic_cast<BatchNorm2d*>(&main_->at(main_->size() - 1));
+  return bn && !bn->relu() ? bn : nullptr;
+}
+
 Tensor Residual::forward_impl(Context& ctx, const Tensor& x) {
+  if (BatchNorm2d* join = fused_join()) {
+    // The main path up to its last batch norm, the shortcut, then batch norm + add + ReLU in one
+    // pass (the batch norm saves the output, whose sign is the ReLU's mask).
+    const size_t n = main_->size();
+    Tensor h = main_->forward_range(ctx, x, 0, n - 1);
+    Tensor b = shortcut_ ? shortcut_->forward(ctx, x) : x;
+    if (h.shape() != b.shape())
+      throw ShapeError(name_ + ": main path gives " + h.shape().str() + " but the shortcut gives " +
+                       b.shape().str() + "; add a projection shortcut");
+    AllocationSite site(join->name().c_str());
+    return join->forward_join(ctx, h, b);
+  }
   Tensor a = main_->forward(ctx, x);
   Tensor b = shortcut_ ? shortcut_->forward(ctx, x) : x;
   if (a.shape() != b.shape())
@@ -319,11 +368,27 @@ Tensor Residual::backward(Context& ctx, const Tensor& dy) {
     forward_impl(ctx, x);  // saves what backward needs, as an uncheckpointed forward would
     ctx.recomputing = false;
   }
+  if (fused_join()) {
+    // The join's backward masks dy in place with the ReLU: dy is then the gradient of the sum,
+    // which is the shortcut's gradient as it stands. The main path's first layer adds its input
+    // gradient into the shortcut's (a convolution: cuDNN's beta = 1), so no add-backward pass.
+    const size_t n = main_->size();
+    Tensor g = main_->backward_range(ctx, dy, 1, n);
+    Tensor dx = shortcut_ ? shortcut_->backward(ctx, dy) : dy;
+    AllocationSite site(main_->at(0).name().c_str());
+    main_->at(0).backward_add(ctx, g, dx);
+    return dx;
+  }
   Tensor y = ctx.saved(this).at(0);
   ctx.release(this);
   ctx.backend().relu_backward(y, dy, dy);
   y = Tensor();
-  Tensor dx = main_->backward(ctx, dy);
+  // The main path owns what it is handed (its last layer may mask it in place: a batch norm with a
+  // ReLU, an in-place ReLU), and the shortcut still needs dy: the main path gets a copy.
+  Tensor dm = ctx.alloc(dy.shape());
+  ctx.backend().cast(dy, dm);
+  Tensor dx = main_->backward(ctx, dm);
+  dm = Tensor();
   if (shortcut_) {
     Tensor ds = shortcut_->backward(ctx, dy);
     ctx.backend().axpy(1.f, ds, dx);

@@ -149,7 +149,7 @@ TEST_P(BackendConformance, Convolution) {
     auto g = ops::ConvGeom::make({k.N, k.H, k.W, k.C}, k.K, k.R, k.S, k.stride, k.pad, "test");
     auto xv = randv(k.N * k.H * k.W * k.C, 1), wv = randv(k.K * k.R * k.S * k.C, 2, -0.3f, 0.3f);
     auto dyv = randv(g.N * g.P * g.Q * g.K, 3), dw0 = randv(k.K * k.R * k.S * k.C, 4);
-    Tensor y[2], dx[2], dw[2];
+    Tensor y[2], dx[2], dw[2], dxa[2];
     int i = 0;
     for (Side* s : {cpu.get(), cand.get()}) {
       Tensor x = s->put(xv, {g.N, g.H, g.W, g.C}, dt), w = s->put(wv, {g.K, g.R, g.S, g.C}, dt);
@@ -158,13 +158,17 @@ TEST_P(BackendConformance, Convolution) {
       dx[i] = s->empty({g.N, g.H, g.W, g.C}, dt);
       dw[i] = s->put(dw0, {g.K, g.R, g.S, g.C});  // f32, accumulated into
       s->be->conv2d_forward(x, w, y[i], g, *s->pool);
-      s->be->conv2d_backward_data(dy, w, dx[i], g, *s->pool);
+      s->be->conv2d_backward_data(dy, w, dx[i], g, *s->pool, false);
       s->be->conv2d_backward_filter(x, dy, dw[i], g, *s->pool);
+      // Added into a gradient already there (a residual block's main path into its shortcut's).
+      dxa[i] = s->put(randv(g.N * g.H * g.W * g.C, 22), {g.N, g.H, g.W, g.C}, dt);
+      s->be->conv2d_backward_data(dy, w, dxa[i], g, *s->pool, true);
       i++;
     }
     std::printf(" conv %ldx%ld s%ld p%ld C%ld K%ld:\n", (long)k.R, (long)k.S, (long)k.stride, (long)k.pad, (long)k.C, (long)k.K);
     expect_close("conv2d_forward", y[1], y[0], tol(dt));
     expect_close("conv2d_backward_data", dx[1], dx[0], tol(dt));
+    expect_close("conv2d_backward_data (+=)", dxa[1], dxa[0], tol(dt));
     expect_close("conv2d_backward_filter (+=)", dw[1], dw[0], tol(dt));
     if (dt != DType::f32) {  // the stem of a 16-bit model: f32 images, 16-bit filter and output
       Tensor ym[2], dwm[2];
@@ -192,8 +196,8 @@ TEST_P(BackendConformance, BatchNorm) {
     const int64_t C = sh[3];
     auto xv = randv(sh.numel(), 5, -2.f, 3.f), dyv = randv(sh.numel(), 6);
     auto gv = randv(C, 7, 0.5f, 1.5f), bv = randv(C, 8), rm = randv(C, 9), rv = randv(C, 10, 0.5f, 2.f);
-    auto dg0 = randv(C, 11), db0 = randv(C, 12);
-    Tensor out[2][13];
+    auto dg0 = randv(C, 11), db0 = randv(C, 12), resv = randv(sh.numel(), 13, -2.f, 2.f);
+    Tensor out[2][16];
     int i = 0;
     for (Side* s : {cpu.get(), cand.get()}) {
       Tensor x = s->put(xv, sh, dt), dy = s->put(dyv, sh, dt), gamma = s->put(gv, {C}, dt), beta = s->put(bv, {C}, dt);
@@ -203,9 +207,9 @@ TEST_P(BackendConformance, BatchNorm) {
       o[2] = s->empty({C});     // save invstd
       o[3] = s->put(rm, {C});
       o[4] = s->put(rv, {C});
-      s->be->batchnorm_forward_train(x, gamma, beta, o[0], o[1], o[2], o[3], o[4], 0.1f, 1e-5f, nullptr, false);
+      s->be->batchnorm_forward_train(x, gamma, beta, o[0], o[1], o[2], o[3], o[4], 0.1f, 1e-5f, nullptr, Tensor(), false);
       o[5] = s->empty(sh, dt);  // y eval
-      s->be->batchnorm_forward_eval(x, gamma, beta, o[5], o[3], o[4], 1e-5f, false);
+      s->be->batchnorm_forward_eval(x, gamma, beta, o[5], o[3], o[4], 1e-5f, Tensor(), false);
       o[6] = s->empty(sh, dt);  // dx
       o[7] = s->put(dg0, {C});
       o[8] = s->put(db0, {C});
@@ -215,11 +219,19 @@ TEST_P(BackendConformance, BatchNorm) {
       // With the ReLU fused: forward output, and backward masked by it (dy is handed over).
       o[10] = s->empty(sh, dt);
       Tensor rm2 = s->put(rm, {C}), rv2 = s->put(rv, {C}), m2 = s->empty({C}), i2 = s->empty({C});
-      s->be->batchnorm_forward_train(x, gamma, beta, o[10], m2, i2, rm2, rv2, 0.1f, 1e-5f, nullptr, true);
+      s->be->batchnorm_forward_train(x, gamma, beta, o[10], m2, i2, rm2, rv2, 0.1f, 1e-5f, nullptr, Tensor(), true);
       o[11] = s->empty(sh, dt);
-      s->be->batchnorm_backward(s->put(dyv, sh, dt), x, gamma, m2, i2, o[11], o[7], o[8], nullptr, o[10]);
+      o[15] = s->put(dyv, sh, dt);  // masked in place by the backward
+      s->be->batchnorm_backward(o[15], x, gamma, m2, i2, o[11], o[7], o[8], nullptr, o[10]);
       o[12] = s->empty(sh, dt);
-      s->be->batchnorm_forward_eval(x, gamma, beta, o[12], rm2, rv2, 1e-5f, true);
+      s->be->batchnorm_forward_eval(x, gamma, beta, o[12], rm2, rv2, 1e-5f, Tensor(), true);
+      // A residual block's join: batch norm + add + ReLU in one pass, training and eval.
+      Tensor res = s->put(resv, sh, dt), rm3 = s->put(rm, {C}), rv3 = s->put(rv, {C}), m3 = s->empty({C}),
+             i3 = s->empty({C});
+      o[13] = s->empty(sh, dt);
+      s->be->batchnorm_forward_train(x, gamma, beta, o[13], m3, i3, rm3, rv3, 0.1f, 1e-5f, nullptr, res, true);
+      o[14] = s->empty(sh, dt);
+      s->be->batchnorm_forward_eval(x, gamma, beta, o[14], rm3, rv3, 1e-5f, res, true);
     }
     const double t = tol(dt), t32 = std::max(tol(dt) / 10, 2e-5);  // statistics are f32 from exact inputs
     expect_close("batchnorm_forward_train y", out[1][0], out[0][0], t);
@@ -235,6 +247,9 @@ TEST_P(BackendConformance, BatchNorm) {
     expect_close("batchnorm+relu forward", out[1][10], out[0][10], t);
     expect_close("batchnorm+relu backward dx", out[1][11], out[0][11], t);
     expect_close("batchnorm+relu eval", out[1][12], out[0][12], t);
+    expect_close("batchnorm+relu backward: dy masked", out[1][15], out[0][15], t);
+    expect_close("batchnorm+add+relu forward", out[1][13], out[0][13], t);
+    expect_close("batchnorm+add+relu eval", out[1][14], out[0][14], t);
   }
 }
 
@@ -271,7 +286,7 @@ TEST_P(BackendConformance, LargeShapesOnAnotherThreadAndStream) {
       Tensor x = s->put(xv, bsh, dt), g = s->put(gv, {72}, dt), be = s->put(bb, {72}, dt);
       o[i][3] = s->empty(bsh, dt);
       Tensor m = s->empty({72}), inv = s->empty({72}), rmt = s->put(rm, {72}), rvt = s->put(rv, {72});
-      s->be->batchnorm_forward_train(x, g, be, o[i][3], m, inv, rmt, rvt, 0.1f, 1e-5f, nullptr, true);
+      s->be->batchnorm_forward_train(x, g, be, o[i][3], m, inv, rmt, rvt, 0.1f, 1e-5f, nullptr, Tensor(), true);
       o[i][4] = inv;
       stream->synchronize();
       set_current_stream(nullptr);
@@ -308,7 +323,7 @@ TEST_P(BackendConformance, NonFiniteRunningMeanLeavesTrainingOutputs) {
     for (const auto* rm : {&finite, &bad}) {
       y[i] = s->empty(sh, dt);
       Tensor m = s->empty({C}), inv = s->empty({C}), rmt = s->put(*rm, {C}), rvt = s->put(rv, {C});
-      s->be->batchnorm_forward_train(x, gamma, beta, y[i], m, inv, rmt, rvt, 0.1f, 1e-5f, nullptr, false);
+      s->be->batchnorm_forward_train(x, gamma, beta, y[i], m, inv, rmt, rvt, 0.1f, 1e-5f, nullptr, Tensor(), false);
       i++;
     }
     auto a = host_floats(y[0]), b = host_floats(y[1]);

@@ -106,7 +106,7 @@ Passes run_passes(ops::Backend& be, MemoryPool& pool, const std::vector<float>& 
            Tensor::empty(pool, {g.N, g.H, g.W, g.C}, DType::f32, MemTag::activations),
            tensor_of(pool, dw0, {g.K, g.R, g.S, g.C})};
   be.conv2d_forward(X, Wt, p.y, g, pool);
-  be.conv2d_backward_data(DY, Wt, p.dx, g, pool);
+  be.conv2d_backward_data(DY, Wt, p.dx, g, pool, false);
   be.conv2d_backward_filter(X, DY, p.dw, g, pool);
   return p;
 }
@@ -247,7 +247,7 @@ TEST(ConvKernels16, DirectAndIm2colAgreeOnBf16AndF16) {
       Tensor DX = Tensor::empty(*pool, {g.N, g.H, g.W, g.C}, dt, MemTag::activations);
       Tensor DW = Tensor::zeros(*pool, {g.K, g.R, g.S, g.C}, DType::f32, MemTag::grads);
       be.conv2d_forward(X, Wt, Y, g, *pool);
-      be.conv2d_backward_data(DY, Wt, DX, g, *pool);
+      be.conv2d_backward_data(DY, Wt, DX, g, *pool, false);
       be.conv2d_backward_filter(X, DY, DW, g, *pool);
       for (const Tensor* t : {&Y, &DX, &DW}) {
         std::vector<float> v(t->numel());

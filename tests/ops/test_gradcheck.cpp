@@ -101,9 +101,22 @@ TEST(OpGrad, ResidualBlockWithProjection) {
   sc->emplace<nn::Conv2d>("sc.conv", 3, 4, 1, 2, 0);
   sc->emplace<nn::BatchNorm2d>("sc.bn", 4);
   nn::Residual block("block", std::move(main), std::move(sc));
+  ASSERT_NE(block.fused_join(), nullptr) << "batch norm + add + ReLU fused";
   LayerHarness h(block, *pool);
   // eps 1e-3: the block ends in a ReLU, and a wider step would straddle its kink
   h.check(random_input(*pool, {3, 6, 6, 3}), kTol, 40, 1e-3f);
+  block.set_fused_join(false);  // the unfused join (add_relu, relu_backward, axpy) too
+  LayerHarness(block, *pool).check(random_input(*pool, {3, 6, 6, 3}), kTol, 40, 1e-3f);
+}
+
+TEST(OpGrad, ResidualBlockWhoseMainPathEndsInAReluIsNotFused) {
+  auto pool = replica::testing::test_pool();
+  auto main = std::make_unique<nn::Sequential>("main");
+  main->emplace<nn::Conv2d>("c1", 3, 3, 3, 1, 1);
+  main->emplace<nn::BatchNorm2d>("b1", 3, 0.1f, 1e-5f, false, true);  // a ReLU of its own
+  nn::Residual block("block", std::move(main), nullptr);
+  EXPECT_EQ(block.fused_join(), nullptr);
+  LayerHarness(block, *pool).check(random_input(*pool, {2, 4, 4, 3}), kTol, 40, 1e-3f);
 }
 
 TEST(OpGrad, IdentityResidualBlock) {

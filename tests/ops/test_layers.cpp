@@ -154,7 +154,7 @@ TEST(Threads, BatchNormAndElementwiseGiveTheSameBitsOnTwoThreads) {
       auto empty = [&](Shape s, DType t) { return Tensor::empty(*pool, s, t, MemTag::activations); };
       Tensor y = empty(sh, dt), mean = empty({C}, DType::f32), inv = empty({C}, DType::f32);
       Tensor rm = Tensor::zeros(*pool, {C}, DType::f32, MemTag::activations), rv = Tensor::zeros(*pool, {C}, DType::f32, MemTag::activations);
-      be.batchnorm_forward_train(x, gamma, beta, y, mean, inv, rm, rv, 0.1f, 1e-5f, nullptr, true);
+      be.batchnorm_forward_train(x, gamma, beta, y, mean, inv, rm, rv, 0.1f, 1e-5f, nullptr, Tensor(), true);
       Tensor dy = empty(sh, dt), dx = empty(sh, dt), sum = empty(sh, dt);
       std::memcpy(dy.raw(), dy0.raw(), dy0.nbytes());
       Tensor dg = Tensor::zeros(*pool, {C}, DType::f32, MemTag::grads), db = Tensor::zeros(*pool, {C}, DType::f32, MemTag::grads);

@@ -111,7 +111,10 @@ class LayerHarness {
   }
 
   nn::ParamRegistry& reg() { return reg_; }
+  Tensor& params() { return params_; }
   Tensor& grads() { return grads_; }
+  Tensor& buffers() { return bufs_; }  // running statistics
+  bool bn_frozen() const { return bn_frozen_; }
 
  private:
   nn::Layer& layer_;
