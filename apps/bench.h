@@ -53,5 +53,14 @@ struct KernelBenchOptions {
 };
 int bench_kernels(const KernelBenchOptions& o);
 
+// replica's own host time per op: a model's training pass through a backend that computes nothing
+// (apps/bench_host.cpp), split into forward and backward.
+struct HostBenchOptions {
+  std::string arch = "resnet50";
+  int64_t batch = 32;
+  int passes = 50;
+};
+int bench_host(const HostBenchOptions& o);
+
 
 }  // namespace replica::apps

@@ -19,6 +19,7 @@
 #include "core/memory_pool.h"
 #include "core/pools.h"
 #include "ops/cpu/isa.h"
+#include "ops/models/resnet.h"
 #include "ops/cuda/cuda_backend.h"
 #include "parallel/mpi/mpi_communicator.h"
 #include "parallel/nccl/nccl_communicator.h"
@@ -202,12 +203,13 @@ struct Args {
   std::string replay;
   apps::DataBenchOptions db;
   apps::KernelBenchOptions kb;
+  apps::HostBenchOptions hb;
   apps::PlanArgs plan;
 };
 
 struct Commands {
   CLI::App *train, *eval, *devices, *memplan, *plan, *export_, *import, *report, *pack;
-  CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data, *bench_kernels;
+  CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data, *bench_kernels, *bench_host;
 };
 
 void add_config_options(CLI::App* c, Args& a) {
@@ -321,6 +323,10 @@ void add_bench_commands(CLI::App& app, Args& a, Commands& c) {
   c.bench_kernels->add_option("--dtype", a.kb.dtype, "storage dtype: bf16 (default), fp16 or fp32")
       ->check(CLI::IsMember({"f32", "fp32", "f16", "fp16", "bf16"}));
   c.bench_kernels->add_option("--batch", a.kb.batch, "images per tensor (default 256 on a GPU, 4 on CPU)");
+  c.bench_host = bench->add_subcommand("host", "replica's own host time per op (a training pass through a backend that computes nothing)");
+  c.bench_host->add_option("--arch", a.hb.arch, "model (default resnet50)")->check(CLI::IsMember(models::resnet_archs()));
+  c.bench_host->add_option("--batch", a.hb.batch, "images per pass (default 32)");
+  c.bench_host->add_option("--passes", a.hb.passes, "timed passes (default 50)");
 }
 
 int cmd_train(Args& a) {
@@ -374,6 +380,7 @@ int dispatch(const Commands& c, Args& a) {
   if (*c.bench_alloc) return apps::bench_alloc(a.replay);
   if (*c.bench_data) return apps::bench_data(a.db);
   if (*c.bench_kernels) return apps::bench_kernels(a.kb);
+  if (*c.bench_host) return apps::bench_host(a.hb);
   return 0;
 }
 

@@ -221,6 +221,11 @@ for dt in bf16 fp16; do
   table+=("| memory-bound ops $dt, ResNet-50 shapes: $(grep -m1 '^# slowest' "/tmp/phase-kernels-$dt.log" | sed 's/^# //') | | | |")
 done
 
+# replica's own host time per op (no device work: a pass through a backend that computes nothing),
+# the floor under the driver's and cuDNN's per-op cost on this machine's CPU.
+phase host-per-op 30 "$bin/replica" bench host --arch resnet50 --batch 32
+table+=("| replica's host time per op, ResNet-50 b32 pass (no device) | $(awk '$1 == "pass" {print $4 " us"}' /tmp/phase-host-per-op.log) | | |")
+
 log ""
 log "## summary (img/s; one run, this GPU)"
 log "| workload | replica | anchor | ratio |"

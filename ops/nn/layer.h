@@ -25,6 +25,9 @@ class Layer {
   // it: a residual block's main path adds into its shortcut's gradient. This default computes it
   // and adds; a convolution lets its kernel add (no extra pass).
   virtual void backward_add(Context& ctx, const Tensor& dy, const Tensor& acc);
+  // Whether backward overwrites the dy it is handed (a ReLU's mask applied in place): a caller
+  // that reads dy again afterwards (a residual block's shortcut) must hand it a copy.
+  virtual bool consumes_dy() const { return false; }
   // Declares parameters and buffers (containers recurse in forward order).
   virtual void register_params(ParamRegistry&) {}
   // The output shape for an input shape; throws ShapeError naming the layer if they do not fit.
@@ -74,6 +77,7 @@ class BatchNorm2d : public Layer {
   void register_params(ParamRegistry& reg) override;
   Shape output_shape(const Shape& in) const override;
   bool relu() const { return relu_; }
+  bool consumes_dy() const override { return relu_; }
   Tensor gamma, beta, gamma_grad, beta_grad, running_mean, running_var;
 
  private:
@@ -91,6 +95,7 @@ class ReLU : public Layer {
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
   Shape output_shape(const Shape& in) const override { return in; }
+  bool consumes_dy() const override { return inplace_; }
 
  private:
   bool inplace_;
@@ -151,6 +156,7 @@ class Sequential : public Layer {
   void register_params(ParamRegistry& reg) override;
   Shape output_shape(const Shape& in) const override;
   void visit(const std::function<void(Layer&)>& fn) override;
+  bool consumes_dy() const override { return !layers_.empty() && layers_.back()->consumes_dy(); }
   // Layers [first, last) forward; backward runs them from last - 1 down to first (a residual
   // block runs its main path in parts to fuse its join).
   Tensor forward_range(Context& ctx, const Tensor& x, size_t first, size_t last);
@@ -183,6 +189,7 @@ class Residual : public Layer {
   void set_recompute(bool on) { recompute_ = on; }
   bool recompute() const { return recompute_; }
   void set_fused_join(bool on) { fuse_join_ = on; }
+  bool consumes_dy() const override { return true; }  // the join's ReLU masks dy in place, either form
   // The main path's last batch norm when the join is fused, else null.
   BatchNorm2d* fused_join() const;
 

@@ -383,10 +383,13 @@ Tensor Residual::backward(Context& ctx, const Tensor& dy) {
   ctx.release(this);
   ctx.backend().relu_backward(y, dy, dy);
   y = Tensor();
-  // The main path owns what it is handed (its last layer may mask it in place: a batch norm with a
-  // ReLU, an in-place ReLU), and the shortcut still needs dy: the main path gets a copy.
-  Tensor dm = ctx.alloc(dy.shape());
-  ctx.backend().cast(dy, dm);
+  // The shortcut still needs dy: a main path that would mask it in place (ending in a batch norm
+  // with a ReLU, an in-place ReLU) gets a copy.
+  Tensor dm = dy;
+  if (main_->consumes_dy()) {
+    dm = ctx.alloc(dy.shape());
+    ctx.backend().cast(dy, dm);
+  }
   Tensor dx = main_->backward(ctx, dm);
   dm = Tensor();
   if (shortcut_) {

@@ -266,6 +266,27 @@ TEST(Cli, AllocationTraceReplaysAgainstEveryPolicy) {
   EXPECT_EQ(run("bench alloc --replay /nonexistent.csv").code, 1);
 }
 
+// `bench host` runs a pass through a backend that counts ops and computes nothing; its op counts
+// are the model's: ResNet-20 with each block's join fused (batch norm + add + ReLU one op, no
+// relu_backward or add-backward), and 9 + 18 more without (REPLICA_FUSED_JOIN=0). No timing is judged.
+TEST(Cli, BenchHostCountsTheOpsOfAPassWithAndWithoutTheFusedJoin) {
+  auto counts = [](const std::string& out) {
+    std::smatch f, b;
+    EXPECT_TRUE(std::regex_search(out, f, std::regex("\\nforward +([0-9]+) ")) && std::regex_search(out, b, std::regex("\\nbackward +([0-9]+) ")))
+        << out;
+    return f.size() > 1 && b.size() > 1 ? std::make_pair(std::stoi(f[1]), std::stoi(b[1])) : std::make_pair(0, 0);
+  };
+  auto fused = run("bench host --arch resnet20 --batch 4 --passes 2");
+  ASSERT_EQ(fused.code, 0) << fused.out;
+  setenv("REPLICA_FUSED_JOIN", "0", 1);
+  auto plain = run("bench host --arch resnet20 --batch 4 --passes 2");
+  unsetenv("REPLICA_FUSED_JOIN");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(counts(fused.out), std::make_pair(47, 64));
+  EXPECT_EQ(counts(plain.out), std::make_pair(47 + 9, 64 + 18));  // add_relu; relu_backward and axpy
+  EXPECT_EQ(run("bench host --arch resnet7").code, 2);
+}
+
 TEST(Cli, ASecondSignalExitsAtOnce) {
   const std::string dir = ::testing::TempDir() + "/cli_twice", log = ::testing::TempDir() + "/cli_twice.log";
   std::filesystem::remove_all(dir);
