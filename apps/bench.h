@@ -53,9 +53,12 @@ struct KernelBenchOptions {
 };
 int bench_kernels(const KernelBenchOptions& o);
 
-// replica's own host time per op: a model's training pass through a backend that computes nothing
-// (apps/bench_host.cpp), split into forward and backward.
+// The host's time per op of a model's training pass, by kind of op (apps/bench_host.cpp): through a
+// backend that computes nothing (replica's own share), the CUDA one (what issuing each op costs) or
+// the CPU one.
 struct HostBenchOptions {
+  std::string kind = "null";  // null | cpu | cuda
+  std::string dtype = "fp32";
   std::string arch = "resnet50";
   int64_t batch = 32;
   int passes = 50;

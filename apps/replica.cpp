@@ -323,7 +323,11 @@ void add_bench_commands(CLI::App& app, Args& a, Commands& c) {
   c.bench_kernels->add_option("--dtype", a.kb.dtype, "storage dtype: bf16 (default), fp16 or fp32")
       ->check(CLI::IsMember({"f32", "fp32", "f16", "fp16", "bf16"}));
   c.bench_kernels->add_option("--batch", a.kb.batch, "images per tensor (default 256 on a GPU, 4 on CPU)");
-  c.bench_host = bench->add_subcommand("host", "replica's own host time per op (a training pass through a backend that computes nothing)");
+  c.bench_host = bench->add_subcommand("host", "the host's time per op of a training pass, by kind of op");
+  c.bench_host->add_option("--kind", a.hb.kind, "null (default: replica's own share; ops compute nothing), cuda or cpu")
+      ->check(CLI::IsMember({"null", "cpu", "cuda"}));
+  c.bench_host->add_option("--dtype", a.hb.dtype, "compute dtype: fp32 (default), fp16 or bf16")
+      ->check(CLI::IsMember({"f32", "fp32", "f16", "fp16", "bf16"}));
   c.bench_host->add_option("--arch", a.hb.arch, "model (default resnet50)")->check(CLI::IsMember(models::resnet_archs()));
   c.bench_host->add_option("--batch", a.hb.batch, "images per pass (default 32)");
   c.bench_host->add_option("--passes", a.hb.passes, "timed passes (default 50)");

@@ -221,10 +221,13 @@ for dt in bf16 fp16; do
   table+=("| memory-bound ops $dt, ResNet-50 shapes: $(grep -m1 '^# slowest' "/tmp/phase-kernels-$dt.log" | sed 's/^# //') | | | |")
 done
 
-# replica's own host time per op (no device work: a pass through a backend that computes nothing),
-# the floor under the driver's and cuDNN's per-op cost on this machine's CPU.
-phase host-per-op 30 "$bin/replica" bench host --arch resnet50 --batch 32
-table+=("| replica's host time per op, ResNet-50 b32 pass (no device) | $(awk '$1 == "pass" {print $4 " us"}' /tmp/phase-host-per-op.log) | | |")
+# The host's time per op of a ResNet-50 fp16 pass (issue: <= 10 us without graphs), by kind of op:
+# issuing it on the GPU, and replica's own share (a backend that computes nothing). Batch 4, so the
+# GPU keeps up and no call waits for room in the launch queue: the times are the host's alone.
+phase host-per-op-cuda 90 "$bin/replica" bench host --kind cuda --arch resnet50 --batch 4 --dtype fp16 --passes 20
+phase host-per-op-null 30 "$bin/replica" bench host --kind null --arch resnet50 --batch 4 --dtype fp16
+hc=$(awk '$1 == "pass" {print $4}' /tmp/phase-host-per-op-cuda.log); hn=$(awk '$1 == "pass" {print $4}' /tmp/phase-host-per-op-null.log)
+table+=("| host time per op, ResNet-50 fp16 b4 pass, issuing on the GPU (us) | ${hc:-none} | replica's own share: ${hn:-none} | |")
 
 log ""
 log "## summary (img/s; one run, this GPU)"
