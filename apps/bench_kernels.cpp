@@ -105,7 +105,17 @@ int bench_kernels(const KernelBenchOptions& o) {
         {"batch norm + relu backward", 7 * nb,  // the mask read and dy written back masked (in place)
          [&] { be.batchnorm_backward(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, nullptr, r); }},
     };
-    for (const Op& op : ops_) {
+    std::vector<Op> rows(std::begin(ops_), std::end(ops_));
+    Tensor stem, argmax;  // ResNet-50's stem pooling: 3x3 stride 2 from 112x112x64 to this shape
+    if (H == 56 && C == 64) {
+      stem = Tensor::empty(*pool, {N, 2 * H, 2 * W, C}, dt, MemTag::activations);
+      argmax = Tensor::empty(*pool, sh, DType::i32, MemTag::activations);
+      be.fill(stem, 0.5f);
+      const auto pg = ops::PoolGeom::make(stem.shape(), 3, 2, 1, "bench");
+      rows.push_back({"max pool 3x3/2 from 112x112", 5 * nb + 4.0 * n, [&, pg] { be.maxpool_forward(stem, y, argmax, pg); }});
+      rows.push_back({"max pool backward", 5 * nb + 4.0 * n, [&, pg] { be.maxpool_backward(dy, argmax, stem, pg); }});
+    }
+    for (const Op& op : rows) {
       const double t = time_op(gpu, reps, op.run);
       const double gbs = op.bytes / t / 1e9;
       if (copy_gbs == 0) copy_gbs = gbs;

@@ -834,6 +834,83 @@ __global__ void k_maxpool_bwd(DPtr dy, const int32_t* arg, DPtr dx, int N, int H
   }
 }
 
+// The same two passes in 8-channel vectors (C a multiple of 8, every tensor 16-byte aligned): a
+// thread owns one pixel's 8 channels, so the index math is done once for 8 elements and every access
+// is one 16-byte load or store (the argmax's two). The same comparisons, and the same order of
+// additions, as the scalar kernels: the same bits. The gather reads dy only for the windows whose
+// argmax picked this pixel in one of its channels.
+template <typename T, typename I>
+__global__ void k_maxpool8(const T* x, T* y, int32_t* arg, int N, int H, int W, int C, int P, int Q, int win,
+                           int stride, int pad) {
+  const int CV = C / kVec;
+  const I total = static_cast<I>(N) * P * Q * CV;
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total; i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const int cv = static_cast<int>(i % CV);
+    I t = i / CV;
+    const int q = static_cast<int>(t % Q);
+    t /= Q;
+    const int p = static_cast<int>(t % P);
+    const int n = static_cast<int>(t / P);
+    float best[kVec];
+    int besti[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) best[j] = -INFINITY, besti[j] = -1;
+    for (int r = 0; r < win; ++r) {
+      const int h = p * stride - pad + r;
+      if (h < 0 || h >= H) continue;
+      for (int s = 0; s < win; ++s) {
+        const int w = q * stride - pad + s;
+        if (w < 0 || w >= W) continue;
+        float v[kVec];
+        load8(x + ((static_cast<I>(n) * H + h) * W + w) * C + cv * kVec, v);
+        const int idx = h * W + w;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          if (v[j] > best[j] || besti[j] < 0) best[j] = v[j], besti[j] = idx;
+      }
+    }
+    store8(y + i * kVec, best);
+    int4* a = reinterpret_cast<int4*>(arg + i * kVec);
+    a[0] = make_int4(besti[0], besti[1], besti[2], besti[3]);
+    a[1] = make_int4(besti[4], besti[5], besti[6], besti[7]);
+  }
+}
+
+template <typename T, typename I>
+__global__ void k_maxpool_bwd8(const T* dy, const int32_t* arg, T* dx, int N, int H, int W, int C, int P, int Q,
+                               int win, int stride, int pad) {
+  const int CV = C / kVec;
+  const I total = static_cast<I>(N) * H * W * CV;
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total; i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const int cv = static_cast<int>(i % CV);
+    I t = i / CV;
+    const int w = static_cast<int>(t % W);
+    t /= W;
+    const int h = static_cast<int>(t % H);
+    const int n = static_cast<int>(t / H);
+    const int hp = h + pad, wp = w + pad, self = h * W + w;
+    const int p0 = hp < win ? 0 : (hp - win) / stride + 1, p1 = min(P - 1, hp / stride);
+    const int q0 = wp < win ? 0 : (wp - win) / stride + 1, q1 = min(Q - 1, wp / stride);
+    float sum[kVec] = {};
+    for (int p = p0; p <= p1; ++p)
+      for (int q = q0; q <= q1; ++q) {
+        const I o = ((static_cast<I>(n) * P + p) * Q + q) * C + cv * kVec;
+        const int4 a0 = reinterpret_cast<const int4*>(arg + o)[0], a1 = reinterpret_cast<const int4*>(arg + o)[1];
+        const int ai[kVec] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        bool mine = false;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) mine |= ai[j] == self;
+        if (!mine) continue;
+        float g[kVec];
+        load8(dy + o, g);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          if (ai[j] == self) sum[j] += g[j];
+      }
+    store8(dx + i * kVec, sum);
+  }
+}
+
 __global__ void k_gap(DPtr x, DPtr y, int N, int HW, int C) {
   GRID_STRIDE(i, static_cast<int64_t>(N) * C) {
     const int64_t n = i / C, c = i % C;
@@ -1164,15 +1241,49 @@ void bn_backward_apply(DPtr dy, DPtr x, DPtr gamma, const float* mean, const flo
   check_launch("k_bn_bwd_apply");
 }
 
+// Whether the 8-channel pooling forms serve these tensors: C a multiple of 8, one dtype, 16-byte aligned.
+bool pool_vectors(int C, DPtr a, DPtr b, const int32_t* arg) {
+  return C % kVec == 0 && a.dt == b.dt && aligned16(a.p) && aligned16(b.p) && aligned16(arg);
+}
 void maxpool_forward(DPtr x, DPtr y, int32_t* argmax, int N, int H, int W, int C, int P, int Q, int window, int stride,
                      int pad, cudaStream_t s) {
   const int64_t n = static_cast<int64_t>(N) * H * W * C;  // the larger of input and output
+  if (pool_vectors(C, x, y, argmax)) {
+    const int64_t v = static_cast<int64_t>(N) * P * Q * (C / kVec);
+    if (v <= 0) return;
+    with_type(x.dt, [&](auto tag) {
+      using T = decltype(tag);
+      if (n < (int64_t(1) << 30))
+        k_maxpool8<T, int32_t><<<grid_for(v), kThreads, 0, s>>>(static_cast<const T*>(x.p), static_cast<T*>(y.mut()),
+                                                                 argmax, N, H, W, C, P, Q, window, stride, pad);
+      else
+        k_maxpool8<T, int64_t><<<grid_for(v), kThreads, 0, s>>>(static_cast<const T*>(x.p), static_cast<T*>(y.mut()),
+                                                                 argmax, N, H, W, C, P, Q, window, stride, pad);
+    });
+    check_launch("k_maxpool8");
+    return;
+  }
   if (n < (int64_t(1) << 30)) LAUNCH(k_maxpool<int32_t>, static_cast<int64_t>(N) * P * Q * C, s, x, y, argmax, N, H, W, C, P, Q, window, stride, pad);
   else LAUNCH(k_maxpool<int64_t>, static_cast<int64_t>(N) * P * Q * C, s, x, y, argmax, N, H, W, C, P, Q, window, stride, pad);
 }
 void maxpool_backward(DPtr dy, const int32_t* argmax, DPtr dx, int N, int H, int W, int C, int P, int Q, int window,
                       int stride, int pad, cudaStream_t s) {
   const int64_t n = static_cast<int64_t>(N) * H * W * C;
+  if (pool_vectors(C, dy, dx, argmax)) {
+    const int64_t v = n / kVec;
+    if (v <= 0) return;
+    with_type(dy.dt, [&](auto tag) {
+      using T = decltype(tag);
+      if (n < (int64_t(1) << 30))
+        k_maxpool_bwd8<T, int32_t><<<grid_for(v), kThreads, 0, s>>>(
+            static_cast<const T*>(dy.p), argmax, static_cast<T*>(dx.mut()), N, H, W, C, P, Q, window, stride, pad);
+      else
+        k_maxpool_bwd8<T, int64_t><<<grid_for(v), kThreads, 0, s>>>(
+            static_cast<const T*>(dy.p), argmax, static_cast<T*>(dx.mut()), N, H, W, C, P, Q, window, stride, pad);
+    });
+    check_launch("k_maxpool_bwd8");
+    return;
+  }
   if (n < (int64_t(1) << 30)) LAUNCH(k_maxpool_bwd<int32_t>, n, s, dy, argmax, dx, N, H, W, C, P, Q, window, stride, pad);
   else LAUNCH(k_maxpool_bwd<int64_t>, n, s, dy, argmax, dx, N, H, W, C, P, Q, window, stride, pad);
 }

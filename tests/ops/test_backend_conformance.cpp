@@ -411,6 +411,32 @@ TEST_P(BackendConformance, ElementwisePoolingLinearLoss) {
   }
 }
 
+// Max pooling where the CUDA backend takes its 8-channel vector forms (C a multiple of 8): ResNet's
+// stem pooling (3x3, stride 2, pad 1) on odd and even sizes, with values on a coarse grid so that
+// windows hold ties (the first in window order wins on both backends: the argmax must be equal).
+TEST_P(BackendConformance, MaxPoolingWithTiesInChannelVectors) {
+  const DType dt = dtype();
+  for (Shape sh : {Shape{2, 11, 10, 16}, Shape{3, 14, 14, 64}}) {
+    auto pg = ops::PoolGeom::make(sh, 3, 2, 1, "test");
+    auto xv = randv(sh.numel(), 41, -2.f, 2.f);
+    for (auto& v : xv) v = std::round(v * 4.f) / 4.f;  // ties
+    Tensor o[2][3];
+    int i = 0;
+    for (Side* s : {cpu.get(), cand.get()}) {
+      Tensor x = s->put(xv, sh, dt);
+      o[i][0] = s->empty({pg.N, pg.P, pg.Q, pg.C}, dt);
+      o[i][1] = s->empty({pg.N, pg.P, pg.Q, pg.C}, DType::i32);
+      s->be->maxpool_forward(x, o[i][0], o[i][1], pg);
+      o[i][2] = s->empty(sh, dt);
+      s->be->maxpool_backward(s->put(randv(o[i][0].numel(), 42), o[i][0].shape(), dt), o[i][1], o[i][2], pg);
+      i++;
+    }
+    expect_close("maxpool_forward, C % 8 == 0", o[1][0], o[0][0], 0);
+    EXPECT_EQ(host_i32(o[1][1]), host_i32(o[0][1])) << "maxpool argmax with ties";
+    expect_close("maxpool_backward, C % 8 == 0", o[1][2], o[0][2], tol(dt));
+  }
+}
+
 std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
   return std::get<0>(info.param) + "_" + dtype_name(std::get<1>(info.param));
 }
