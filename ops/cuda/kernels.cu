@@ -778,17 +778,24 @@ bool bn_vectors(int C, std::initializer_list<DPtr> ts) {
 // Pooling index math in I: 32-bit when the tensor allows (a 64-bit division costs several times
 // a 32-bit one, and these kernels do four per element). The launchers take 32 bits below 2^30
 // elements, so index + grid stride (at most 2^28) cannot overflow.
+// A flat index over [N, A, B, K] (channels last) split into its coordinates (n, a, b, k).
+template <typename I>
+__device__ __forceinline__ int4 split_index(I i, int A, int B, int K) {
+  const int k = static_cast<int>(i % K);
+  I t = i / K;
+  const int b = static_cast<int>(t % B);
+  t /= B;
+  const int a = static_cast<int>(t % A);
+  return make_int4(static_cast<int>(t / A), a, b, k);
+}
+
 template <typename I>
 __global__ void k_maxpool(DPtr x, DPtr y, int32_t* arg, int N, int H, int W, int C, int P, int Q, int win, int stride,
                           int pad) {
   const I total = static_cast<I>(N) * P * Q * C;
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total; i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(i % C);
-    I t = i / C;
-    const int q = static_cast<int>(t % Q);
-    t /= Q;
-    const int p = static_cast<int>(t % P);
-    const int n = static_cast<int>(t / P);
+    const int4 at = split_index(i, P, Q, C);
+    const int n = at.x, p = at.y, q = at.z, c = at.w;
     float best = -INFINITY;
     int besti = -1;
     for (int r = 0; r < win; ++r) {
@@ -815,12 +822,8 @@ __global__ void k_maxpool_bwd(DPtr dy, const int32_t* arg, DPtr dx, int N, int H
                               int stride, int pad) {
   const I total = static_cast<I>(N) * H * W * C;
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total; i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(i % C);
-    I t = i / C;
-    const int w = static_cast<int>(t % W);
-    t /= W;
-    const int h = static_cast<int>(t % H);
-    const int n = static_cast<int>(t / H);
+    const int4 at = split_index(i, H, W, C);
+    const int n = at.x, h = at.y, w = at.z, c = at.w;
     const int hp = h + pad, wp = w + pad;
     const int p0 = hp < win ? 0 : (hp - win) / stride + 1, p1 = min(P - 1, hp / stride);
     const int q0 = wp < win ? 0 : (wp - win) / stride + 1, q1 = min(Q - 1, wp / stride);
@@ -845,12 +848,8 @@ __global__ void k_maxpool8(const T* x, T* y, int32_t* arg, int N, int H, int W, 
   const int CV = C / kVec;
   const I total = static_cast<I>(N) * P * Q * CV;
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total; i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const int cv = static_cast<int>(i % CV);
-    I t = i / CV;
-    const int q = static_cast<int>(t % Q);
-    t /= Q;
-    const int p = static_cast<int>(t % P);
-    const int n = static_cast<int>(t / P);
+    const int4 at = split_index(i, P, Q, CV);
+    const int n = at.x, p = at.y, q = at.z, cv = at.w;
     float best[kVec];
     int besti[kVec];
 #pragma unroll
@@ -882,12 +881,8 @@ __global__ void k_maxpool_bwd8(const T* dy, const int32_t* arg, T* dx, int N, in
   const int CV = C / kVec;
   const I total = static_cast<I>(N) * H * W * CV;
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total; i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const int cv = static_cast<int>(i % CV);
-    I t = i / CV;
-    const int w = static_cast<int>(t % W);
-    t /= W;
-    const int h = static_cast<int>(t % H);
-    const int n = static_cast<int>(t / H);
+    const int4 at = split_index(i, H, W, CV);
+    const int n = at.x, h = at.y, w = at.z, cv = at.w;
     const int hp = h + pad, wp = w + pad, self = h * W + w;
     const int p0 = hp < win ? 0 : (hp - win) / stride + 1, p1 = min(P - 1, hp / stride);
     const int q0 = wp < win ? 0 : (wp - win) / stride + 1, q1 = min(Q - 1, wp / stride);
