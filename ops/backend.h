@@ -53,6 +53,10 @@ class Backend {
   // by cuDNN's fixed ranking rather than by timing (which can choose differently run to run).
   virtual void set_deterministic(bool on) { (void)on; }
   virtual bool deterministic() const { return true; }
+  // Changes whenever memory the backend's kernels use outside the pool moved on the calling thread
+  // (the CUDA backend's scratch grew): a CUDA graph captured before holds the old address and must
+  // be captured again. Constant where nothing moves.
+  virtual uint64_t capture_epoch() const { return 0; }
 
   // Convolution. backward_filter accumulates into dw (+=) so micro-batches add up.
   virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& g,

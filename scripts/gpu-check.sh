@@ -188,6 +188,12 @@ done
 REPLICA_FUSED_JOIN=0 r50 replica-resnet50-fp16-b256-unfused fp16 256
 ru=$(rate replica-resnet50-fp16-b256-unfused); rf=$(rate replica-resnet50-fp16-b256)
 table+=("| ResNet-50 fp16 batch 256, fused join (BN + add + ReLU) | ${rf:-none} | same, unfused: ${ru:-none} | $(ratio "$rf" "$ru")x |")
+# train.cuda_graph (the micro-step replayed as one CUDA graph; auto checks the first replay) beside
+# the eager runs above: ResNet-50 fp16 batch 32 (host-bound) and, below, ResNet-20 batch 128.
+r50 replica-resnet50-fp16-b32-graph fp16 32 --set train.cuda_graph=auto
+rg=$(rate replica-resnet50-fp16-b32-graph); re=$(rate replica-resnet50-fp16-b32)
+table+=("| ResNet-50 fp16 batch 32, train.cuda_graph=auto | ${rg:-none} | same, eager: ${re:-none} | $(ratio "$rg" "$re")x |")
+grep -h "cuda_graph" /tmp/phase-replica-resnet50-fp16-b32-graph.log | head -3 | while read -r l; do log "# $l"; done
 # What train.deterministic costs: the same bf16 batch-256 run with it on.
 r50 replica-resnet50-bf16-b256-det bf16 256 --set train.deterministic=true
 rd=$(rate replica-resnet50-bf16-b256-det); rn=$(rate replica-resnet50-bf16-b256)
@@ -206,6 +212,11 @@ for b in 128 1024; do
   r=$(rate "replica-resnet20-b$b"); j=$(jax_rate "jax-resnet20-b$b")
   table+=("| ResNet-20 28x28 fp32 batch $b | ${r:-none} | JAX jit, 1 GPU ${j:-not run} | $(ratio "$r" "$j")x |")
 done
+phase replica-resnet20-b128-graph 90 "$bin/replica" bench train --kind cuda --replicas 1 --steps 30 --warmup 5 \
+      --set train.global_batch=128 --set train.micro_batch=128 --set train.cuda_graph=auto "${r20[@]}"
+rg=$(rate replica-resnet20-b128-graph); rf=$(rate replica-resnet20-b128); j=$(jax_rate jax-resnet20-b128)
+table+=("| ResNet-20 batch 128, train.cuda_graph=auto | ${rg:-none} | eager ${rf:-none}; JAX ${j:-not run} | $(ratio "$rg" "$j")x JAX |")
+grep -h "cuda_graph" /tmp/phase-replica-resnet20-b128-graph.log | head -3 | while read -r l; do log "# $l"; done
 REPLICA_FUSED_JOIN=0 phase replica-resnet20-b128-unfused 90 "$bin/replica" bench train --kind cuda --replicas 1 \
       --steps 30 --warmup 5 --set train.global_batch=128 --set train.micro_batch=128 "${r20[@]}"
 ru=$(rate replica-resnet20-b128-unfused); rf=$(rate replica-resnet20-b128)

@@ -62,6 +62,11 @@ struct TrainConfig {
   // cuDNN's fixed ranking instead of timing. Unset: REPLICA_DETERMINISTIC, else
   // kDeterministicByDefault (CPU runs are deterministic either way).
   std::optional<bool> deterministic;
+  // One GPU: each micro-step's forward, loss and backward captured once as a CUDA graph and
+  // replayed (train/replica_step.h). off (default until a GPU run has measured it) | on | auto
+  // (the first replay is checked against an eager pass from the same state; a difference turns
+  // graphs off, saying why).
+  std::string cuda_graph = "off";
 };
 
 // train.deterministic when neither the config nor REPLICA_DETERMINISTIC says (README: why).

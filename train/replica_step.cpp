@@ -63,6 +63,20 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
   norm_segments_ = parallel::norm_segments(blocks, first_block_, hi);
   if (o_.buckets.release)  // the shard is indexed from its own start
     for (auto& seg : norm_segments_) seg.first -= o_.shard.lo(rank);
+  if (o_.cuda_graph != "off") {
+    if (const std::string why = cuda_graph_ineligible(o_, replica); !why.empty())
+      throw ConfigError("train.cuda_graph: " + o_.cuda_graph + ": " + why);
+    graph_ = std::make_unique<StepGraph>(replica, model, stats_, o_.cuda_graph == "auto", o_.deterministic);
+  }
+}
+
+std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica& replica) {
+  if (replica.device().kind != DeviceKind::cuda) return "CUDA graphs need a GPU replica";
+  if (replica.world() > 1) return "more than one replica (the collectives are not captured yet)";
+  if (o.shard.sharded()) return "parallel.shard";
+  if (o.timeline) return "--trace (it waits on the host inside the step)";
+  if (o.fault) return "REPLICA_FAULT";
+  return "";
 }
 
 Tensor ReplicaStep::reduced_grads() const {
@@ -87,11 +101,6 @@ void ReplicaStep::zero_grad() {
 
 void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool last) {
   auto& be = ops::backend_for(rep_.device());
-  nn::Context ctx(rep_.pool(), be, true);
-  ctx.act_dtype = o_.activations;
-  ctx.bn_frozen = o_.bn_frozen;
-  if (o_.sync_bn && rep_.world() > 1)
-    ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum_on_stream(d, n); };
   const auto t0 = std::chrono::steady_clock::now();
   const int rebuilt_before = sync_->rebuilds();
   sync_->begin(last);
@@ -104,27 +113,35 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   const int track = 2 * rep_.rank();
   const bool mark = o_.timeline && last && marked_steps_ < kMarkedSteps;
   if (mark) ++marked_steps_;
-  ctx.on_grads_needed = [this](int first, int count) { sync_->prepare(first, count); };
-  ctx.on_grads_ready = [this, last, mark, track](int first, int count) {
-    // Traced: when each gradient became final (replica plan --trace-profile reads these).
-    if (mark)
-      o_.timeline->instant(track, "gradients ready", o_.timeline->now_ns(),
-                           {{"first", static_cast<double>(first)}, {"count", static_cast<double>(count)}}, "compute");
-    sync_->ready(first, count);
-    if (o_.fault && last && sync_->launched_during_backward() > 0) o_.fault("bucket");
-  };
-  std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
-  fwd.emplace(o_.timeline, track, "forward", "compute");
   const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
   const float weight = scale / static_cast<float>(o_.micro_batch * o_.accumulation);
-  Tensor dlogits;
-  nn::forward_and_loss(ctx, model_, images, labels, weight, dlogits, stats_.view(kLoss, {3}));
-  fwd.reset();
-  {
+  // Forward, loss and backward, allocating from `pool`: the replica's, or a captured graph's own.
+  auto pass = [&](MemoryPool& pool, const Tensor& im, const Tensor& lb) {
+    nn::Context ctx(pool, be, true);
+    ctx.act_dtype = o_.activations;
+    ctx.bn_frozen = o_.bn_frozen;
+    if (o_.sync_bn && rep_.world() > 1)
+      ctx.bn_allreduce = [this](float* d, size_t n) { rep_.psum_on_stream(d, n); };
+    ctx.on_grads_needed = [this](int first, int count) { sync_->prepare(first, count); };
+    ctx.on_grads_ready = [this, last, mark, track](int first, int count) {
+      // Traced: when each gradient became final (replica plan --trace-profile reads these).
+      if (mark)
+        o_.timeline->instant(track, "gradients ready", o_.timeline->now_ns(),
+                             {{"first", static_cast<double>(first)}, {"count", static_cast<double>(count)}}, "compute");
+      sync_->ready(first, count);
+      if (o_.fault && last && sync_->launched_during_backward() > 0) o_.fault("bucket");
+    };
+    std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
+    fwd.emplace(o_.timeline, track, "forward", "compute");
+    Tensor dlogits;
+    nn::forward_and_loss(ctx, model_, im, lb, weight, dlogits, stats_.view(kLoss, {3}));
+    fwd.reset();
     Timeline::Scope bwd(o_.timeline, track, last ? "backward (buckets all-reduce as they fill)" : "backward (no_sync)",
                         "compute");
     model_.backward(ctx, dlogits);
-  }
+  };
+  if (graph_) graph_->run(images, labels, weight, pass);
+  else pass(rep_.pool(), images, labels);
   phases_.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   count_ += static_cast<double>(images.dim(0));
   micro_seen_++;

@@ -33,6 +33,7 @@
 #include "parallel/gradient_sync.h"
 #include "parallel/replica_group.h"
 #include "parallel/shard_plan.h"
+#include "train/step_graph.h"
 
 namespace replica::train {
 
@@ -72,7 +73,16 @@ struct StepOptions {
   // once a gradient bucket was sent) and "optimizer" (after the step's collectives); may throw.
   std::function<void(const char* where)> fault;
   Timeline* timeline = nullptr;  // `--trace`: slices for forward, backward, all-reduces, optimizer
+  // train.cuda_graph: "off", "on" (the micro-step captured as a CUDA graph after a warm-up and
+  // replayed) or "auto" (the same, the first replay checked against an eager pass); see
+  // train/step_graph.h. Only where cuda_graph_ineligible says nothing.
+  std::string cuda_graph = "off";
+  bool deterministic = false;  // train.deterministic in force: auto's check is then bit for bit
 };
+
+// Why train.cuda_graph cannot serve this replica's step ("" when it can): a GPU replica alone in
+// the job (collectives are not captured yet), unsharded, without a trace or a fault hook.
+std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica& replica);
 
 // Where one replica's step time went, summed over the run (the run report splits wall time by it).
 struct PhaseSeconds {
@@ -96,6 +106,9 @@ class ReplicaStep {
   StepStatus apply(float lr, bool stop_requested = false);
   // Forward in eval mode; returns this replica's sums (the caller reduces across replicas).
   EvalSums eval_batch(const Tensor& images, const Tensor& labels);
+
+  // train.cuda_graph's state (null when off): its line for the run's end.
+  const StepGraph* graph() const { return graph_.get(); }
 
   // Leak check, run at the end of every step: activations and workspace must return to what
   // they held after the first step. Growth is a warning naming the tag and the layers whose
@@ -148,6 +161,7 @@ class ReplicaStep {
     kStatCount = 8
   };
   Tensor stats_;
+  std::unique_ptr<StepGraph> graph_;
   double count_ = 0;
   int micro_seen_ = 0;
   // Steps whose "gradients ready" moments went into the trace: the first kMarkedSteps only (what

@@ -117,6 +117,11 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
                       ": a lost replica takes its shard of the optimizer state with it, so the survivors could not "
                       "continue from memory; use parallel.shard: none, or on_replica_failure: stop and resume from "
                       "the last checkpoint");
+  if (cfg_.train.cuda_graph == "on")
+    for (const Device& d : devices)
+      if (d.kind != DeviceKind::cuda)
+        throw ConfigError("train.cuda_graph: on: CUDA graphs need GPU replicas, and " + d.str() +
+                          " is not one; use off, or auto (graphs where they can serve, eager elsewhere)");
   fault_ = FaultInjector::from_env();
   // train.deterministic: one setting per backend (the GPU's cuDNN choices; CPU runs always are).
   const bool deterministic = resolve_deterministic(cfg_.train);
@@ -258,6 +263,13 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   so.timeline = timeline_.get();
   so.shard = shard;
   if (fault_) so.fault = [this, &rep](const char* where) { fault_point(rep, where); };
+  so.deterministic = resolve_deterministic(cfg_.train);
+  // train.cuda_graph: on where it cannot serve is an error (ReplicaStep says why); auto stays eager.
+  so.cuda_graph = cfg_.train.cuda_graph;
+  if (so.cuda_graph == "auto") {
+    cuda_graph_note_ = cuda_graph_ineligible(so, rep);
+    if (!cuda_graph_note_.empty()) so.cuda_graph = "off";
+  }
   st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
   st.staging = make_staging_pool(rep.device());
   // A GPU replica's host cores are free: its loader uses a share of them.
@@ -624,6 +636,14 @@ void Trainer::print_start() const {
                 resolve_deterministic(cfg_.train)
                     ? "deterministic cuDNN algorithms by cuDNN's ranking: the same seed gives the same bits"
                     : "cuDNN algorithms timed per shape: fastest, but two runs may differ in the last bits");
+  if (cfg_.train.cuda_graph != "off" && group_->replica(0).device().kind == DeviceKind::cuda)
+    std::printf("replica: train.cuda_graph %s: %s\n", cfg_.train.cuda_graph.c_str(),
+                !cuda_graph_note_.empty()
+                    ? ("eager, " + cuda_graph_note_).c_str()
+                    : cfg_.train.cuda_graph == "auto"
+                          ? "each micro-step captured as a CUDA graph after 2 eager steps, the first replay checked "
+                            "against an eager pass, then replayed"
+                          : "each micro-step captured as a CUDA graph after 2 eager steps, then replayed");
   std::fflush(stdout);
 }
 
@@ -639,6 +659,8 @@ void Trainer::print_end(const FitResult& result) const {
   }
   if (states_[0].scaler)
     std::printf("replica: %ld of %ld steps skipped for overflow\n", (long)result.skipped, (long)result.steps);
+  if (const StepGraph* g = states_[0].step ? states_[0].step->graph() : nullptr)
+    std::printf("replica: %s\n", g->summary().c_str());
   std::printf("replica: %ld steps in %.1f s (%.0f img/s training); model saved to %s/model.bin, metrics in %s\n",
               (long)result.steps, result.seconds, result.images_per_second, cfg_.train.run_dir.c_str(),
               metrics_path_.c_str());

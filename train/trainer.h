@@ -174,6 +174,7 @@ class Trainer {
   int accumulation_ = 1;
   int64_t micro_ = 0, total_steps_ = 0;
   std::string metrics_path_;
+  std::string cuda_graph_note_;  // why train.cuda_graph: auto stays eager here ("" when it does not)
   std::unique_ptr<Timeline> timeline_;
   std::unique_ptr<AllocTrace> alloc_trace_;
   // Where a resumed run starts.

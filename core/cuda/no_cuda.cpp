@@ -38,6 +38,15 @@ int StreamTimer::mark() { not_built(); }
 void StreamTimer::synchronize() { not_built(); }
 double StreamTimer::seconds(int, int) const { not_built(); }
 void StreamTimer::clear() {}
+struct CapturedGraph::Impl {};
+CapturedGraph::CapturedGraph() = default;
+CapturedGraph::~CapturedGraph() = default;
+void CapturedGraph::begin(Stream&) { not_built(); }
+void CapturedGraph::end() { not_built(); }
+void CapturedGraph::abandon() noexcept {}
+void CapturedGraph::launch(Stream&) { not_built(); }
+bool CapturedGraph::ready() const { return false; }
+size_t CapturedGraph::nodes() const { return 0; }
 const DeviceApi& runtime_device_api() {
   static const DeviceApi api{[]() -> int { not_built(); }, [](int) { not_built(); }};
   return api;

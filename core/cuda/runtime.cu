@@ -278,5 +278,76 @@ double StreamTimer::seconds(int from, int to) const {
 
 void StreamTimer::clear() { impl_->used = 0; }
 
+struct CapturedGraph::Impl {
+  cudaStream_t capturing = nullptr;  // set between begin() and end()
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  void drop() noexcept {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    exec = nullptr;
+    graph = nullptr;
+  }
+};
+
+CapturedGraph::CapturedGraph() : impl_(std::make_unique<Impl>()) {}
+CapturedGraph::~CapturedGraph() {
+  abandon();
+  impl_->drop();
+}
+
+void CapturedGraph::begin(Stream& stream) {
+  impl_->drop();
+  cudaStream_t s = native(&stream);
+  REPLICA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  impl_->capturing = s;
+}
+
+void CapturedGraph::end() {
+  auto& m = *impl_;
+  if (!m.capturing) throw CudaError("CapturedGraph::end without begin");
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(m.capturing, &g);
+  m.capturing = nullptr;
+  if (e != cudaSuccess) {
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();  // a capture's failure is not sticky; clear it for the eager work after
+    throw CudaError(std::string("CUDA graph capture failed: ") + cudaGetErrorString(e));
+  }
+  m.graph = g;
+  const cudaError_t ie = cudaGraphInstantiate(&m.exec, m.graph, 0);
+  if (ie != cudaSuccess) {
+    m.exec = nullptr;
+    m.drop();
+    cudaGetLastError();
+    throw CudaError(std::string("cudaGraphInstantiate failed: ") + cudaGetErrorString(ie));
+  }
+}
+
+void CapturedGraph::abandon() noexcept {
+  auto& m = *impl_;
+  if (m.capturing) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(m.capturing, &g);
+    if (g) cudaGraphDestroy(g);
+    m.capturing = nullptr;
+    cudaGetLastError();
+  }
+  m.drop();
+}
+
+void CapturedGraph::launch(Stream& stream) {
+  if (!impl_->exec) throw CudaError("CapturedGraph::launch before a successful capture");
+  REPLICA_CUDA_CHECK(cudaGraphLaunch(impl_->exec, native(&stream)));
+}
+
+bool CapturedGraph::ready() const { return impl_->exec != nullptr; }
+
+size_t CapturedGraph::nodes() const {
+  size_t n = 0;
+  if (impl_->graph) cudaGraphGetNodes(impl_->graph, nullptr, &n);
+  return n;
+}
+
 }  // namespace cuda
 }  // namespace replica

@@ -57,4 +57,32 @@ class StreamTimer {
   std::unique_ptr<Impl> impl_;
 };
 
+// A CUDA graph of the work one thread queues on a stream between begin() and end()
+// (cudaStreamBeginCapture in thread-local mode: other threads' CUDA calls go on as usual), replayed
+// by launch() on that stream: the same kernels with the same arguments and addresses, for one
+// launch's host cost. Nothing runs while capturing, and everything the captured work touches must
+// stay where it was for as long as the graph is replayed (train.cuda_graph keeps it in a private
+// pool).
+class CapturedGraph {
+ public:
+  CapturedGraph();
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void begin(Stream& stream);
+  // Ends the capture and instantiates the graph; throws CudaError, the capture dropped, when the
+  // captured work did something a graph cannot hold (a host wait, a new allocation, another
+  // stream's event).
+  void end();
+  // After a failure between begin() and end(): ends the capture if one is open and drops it.
+  void abandon() noexcept;
+  void launch(Stream& stream);
+  bool ready() const;
+  size_t nodes() const;  // kernels, copies and memsets in the graph
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace replica::cuda

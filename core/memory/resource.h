@@ -135,6 +135,24 @@ class SimulatedUpstream : public Upstream {
   size_t outstanding_ = 0, calls_ = 0;
 };
 
+// One block that belongs to someone else (a private pool carved out of a replica's pool, as
+// train.cuda_graph's): handed out once, whole or in part from its start; the owner frees it.
+class BlockUpstream : public Upstream {
+ public:
+  BlockUpstream(void* block, size_t bytes, std::string name) : block_(block), bytes_(bytes), name_(std::move(name)) {}
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p, size_t bytes) override;
+  size_t total_memory() const override { return bytes_; }
+  std::string name() const override { return name_; }
+  size_t available() const override { return taken_ ? 0 : bytes_; }
+
+ private:
+  void* block_;
+  size_t bytes_;
+  std::string name_;
+  bool taken_ = false;
+};
+
 // Caps what may be taken from an upstream (RMM's limiting_resource_adaptor): the pool's
 // capacity, `memory.bytes` or `fraction x total`, lives here and only here.
 class LimitedUpstream : public Upstream {

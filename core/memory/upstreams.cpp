@@ -29,6 +29,15 @@ void* SimulatedUpstream::allocate(size_t bytes) {
 }
 void SimulatedUpstream::deallocate(void*, size_t bytes) { outstanding_ -= bytes; }
 
+void* BlockUpstream::allocate(size_t bytes) {
+  if (taken_ || bytes > bytes_) return nullptr;
+  taken_ = true;
+  return block_;
+}
+void BlockUpstream::deallocate(void* p, size_t) {
+  if (p == block_) taken_ = false;
+}
+
 void* LimitedUpstream::allocate(size_t bytes) {
   calls_++;
   if (bytes > limit_ - outstanding_) return nullptr;

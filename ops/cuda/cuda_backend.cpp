@@ -170,6 +170,7 @@ struct ThreadState {
   void* host = nullptr;  // 4 KiB pinned
   cudaEvent_t read_done{};  // the step's one read: polled, so communicator checks run while it waits
   cudaStream_t bound = nullptr;  // the stream the handles work on (new handles: the default one)
+  uint64_t epoch = 0;            // Backend::capture_epoch: bumped when the scratch moves
   ~ThreadState() {
     plans.clear();
     if (cudnn) cudnnDestroy(cudnn);
@@ -186,6 +187,14 @@ struct ThreadState {
   // freed after the work queued on this stream, so growing needs no host wait.
   void* get_scratch(size_t bytes) {
     if (bytes > scratch_bytes) {
+      // Growing inside a CUDA graph capture would make the scratch a graph allocation, invalid
+      // outside the graph: the capture fails instead (train.cuda_graph captures after warm-up).
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      REPLICA_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
+      if (cs != cudaStreamCaptureStatusNone)
+        throw CudaError("the CUDA backend's scratch would grow to " + format_bytes(bytes) +
+                        " inside a CUDA graph capture; the step before the capture should have grown it");
+      ++epoch;
       if (scratch) REPLICA_CUDA_CHECK(cudaFreeAsync(scratch, stream()));
       scratch_bytes = std::max<size_t>(bytes, 64 << 10);
       REPLICA_CUDA_CHECK(cudaMallocAsync(&scratch, scratch_bytes, stream()));
@@ -337,6 +346,7 @@ class CudaBackend final : public Backend {
   }
   void set_deterministic(bool on) override { g_deterministic.store(on ? 1 : 0); }
   bool deterministic() const override { return ops::deterministic(); }
+  uint64_t capture_epoch() const override { return state().epoch; }
 
   void conv2d_forward(const Tensor& x_in, const Tensor& w, const Tensor& y, const ConvGeom& g,
                       MemoryPool& ws) override {

@@ -157,6 +157,25 @@ TEST(Cli, BadInputIsAClearErrorWithExitCode2) {
   EXPECT_NE(r.out.find("/nonexistent/train-images-idx3-ubyte: cannot open"), std::string::npos) << r.out;
 }
 
+// train.cuda_graph: a value it does not take is a configuration error listing the values; on asked
+// of a CPU replica says it needs a GPU; auto on a CPU replica trains eagerly, without a word.
+TEST(Cli, CudaGraphSettingsAreCheckedAndAutoStaysEagerOnCpu) {
+  const std::string common = " --devices cpu:1 --set model.width=4 --set data.dataset=synthetic --set data.synthetic_size=64"
+                             " --set data.mean=[0.5] --set data.std=[0.25] --set train.global_batch=16 --set train.max_steps=2"
+                             " --set train.eval=false --run-dir " + ::testing::TempDir() + "/cli_graph";
+  auto r = run("train" + common + " --set train.cuda_graph=always");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("train.cuda_graph"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto"), std::string::npos) << r.out;
+  r = run("train" + common + " --set train.cuda_graph=on");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("train.cuda_graph: on: CUDA graphs need GPU replicas, and cpu:0 is not one"), std::string::npos)
+      << r.out;
+  r = run("train" + common + " --set train.cuda_graph=auto");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("cuda_graph"), std::string::npos) << r.out;
+}
+
 // A command line that does not parse is a usage error like a bad configuration: exit 2 with a line
 // naming the option (CLI11's own codes, 105 and up, are not what scripts expect); --help exits 0.
 TEST(Cli, UsageErrorsExitWith2AndNameTheOption) {

@@ -620,3 +620,38 @@ TEST(StreamOrderedPool, BlocksOutliveTheirStreamAndAStreamAtTheSameAddressIsAnot
   small->deallocate(only);
   same_address->~QueueStream();
 }
+
+// A pool over one block another pool handed out (train.cuda_graph's private pool): everything it
+// gives lies inside the block, it takes the block once, and the block goes back to its owner whole.
+TEST(BlockUpstream, APoolOverABlockStaysInsideItAndReturnsIt) {
+  auto owner = sim_pool(AllocatorMode::growth, 1024 * MiB);  // addresses never dereferenced
+  const size_t bytes = 64 * MiB;
+  char* block = static_cast<char*>(owner->allocate(bytes, MemTag::other, nullptr));
+  {
+    PoolOptions o;
+    o.mode = AllocatorMode::preallocate;
+    o.bytes = bytes;
+    auto up = std::make_unique<BlockUpstream>(block, bytes, "a block");
+    BlockUpstream* raw = up.get();
+    MemoryPool pool(cpu0, std::move(up), o);
+    EXPECT_EQ(raw->available(), 0u) << "the pool took the block";
+    EXPECT_EQ(raw->allocate(256), nullptr) << "once";
+    std::vector<void*> got;
+    for (int i = 0; i < 6; ++i) {
+      char* p = static_cast<char*>(pool.allocate(5 * MiB + 17, MemTag::activations, nullptr));
+      EXPECT_GE(p, block);
+      EXPECT_LE(p + 5 * MiB + 17, block + bytes);
+      got.push_back(p);
+    }
+    EXPECT_THROW(pool.allocate(64 * MiB, MemTag::activations, nullptr), OutOfMemoryError) << "no more than the block";
+    for (void* p : got) pool.deallocate(p);
+    // The same requests from the same state get the same addresses: what a captured graph needs.
+    std::vector<void*> again;
+    for (int i = 0; i < 6; ++i) again.push_back(pool.allocate(5 * MiB + 17, MemTag::activations, nullptr));
+    EXPECT_EQ(again, got);
+    for (void* p : again) pool.deallocate(p);
+  }
+  EXPECT_EQ(owner->stats().in_use, bytes) << "the owner still holds the block";
+  owner->deallocate(block);
+  EXPECT_EQ(owner->stats().in_use, 0u);
+}

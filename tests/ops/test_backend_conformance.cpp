@@ -571,6 +571,8 @@ struct GpuRun {
   std::map<std::string, std::string> checkpoint;
   std::vector<float> params, grads, buffers;  // replica 0's masters (unsharded runs), gradients, statistics
   std::vector<nn::ParamSlot> slots;
+  int64_t graph_replays = -1;  // train.cuda_graph on replica 0: micro-steps replayed (-1: off)
+  std::string graph_summary;
 };
 GpuRun gpu_run(const std::vector<std::string>& sets, const std::string& resume = "") {
   auto cfg = train::parse_config("", "test", sets);
@@ -586,6 +588,10 @@ GpuRun gpu_run(const std::vector<std::string>& sets, const std::string& resume =
   if (m.grads().defined()) r.grads = host_floats(m.grads());
   r.buffers = host_floats(m.buffers());
   r.slots = m.registry().params();
+  if (const train::StepGraph* g = t.replica_step(0).graph()) {
+    r.graph_replays = g->off() ? -1 : g->replays();
+    r.graph_summary = g->summary();
+  }
   return r;
 }
 
@@ -712,6 +718,33 @@ TEST(CudaTraining, DeterministicRunsAreBitIdenticalTwiceAcrossResumeAndSharding)
     }
     std::printf("  deterministic %s: twice, 4 + resume + 4 and both shard modes byte-identical (loss %.6f -> %.6f)\n",
                 precision, once.fit.history.front().loss, once.fit.history.back().loss);
+  }
+}
+
+// train.cuda_graph: after two eager steps the micro-step is captured as a CUDA graph and replayed.
+// In deterministic mode a graphed run is the eager run bit for bit (model file, every checkpoint
+// section, every step's loss, verdict and scale) in fp32, fp16 (the scaler's skips and growth
+// change the loss weight: a graph per weight) and bf16, with two micro-steps a step in fp32; auto
+// checks its first replay against an eager pass and stays on. The graphs must have replayed.
+TEST(CudaTraining, GraphedStepsAreBitIdenticalToEagerOnes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  for (const char* precision : {"fp32", "fp16", "bf16"}) {
+    const std::string p = precision;
+    std::vector<std::string> extra = {"train.deterministic=true"};
+    if (p == "fp16")
+      for (const char* k : {"train.loss_scale=dynamic", "train.loss_scale_init=1048576", "train.loss_scale_growth_interval=2"})
+        extra.push_back(k);
+    if (p == "fp32") extra.push_back("train.micro_batch=32");  // accumulation: two micro-steps a step
+    const GpuRun eager = gpu_run(gpu_run_sets("cuda:0", p, 8, "graph_off", extra));
+    EXPECT_EQ(eager.graph_replays, -1);
+    for (const char* mode : {"on", "auto"}) {
+      auto e = extra;
+      e.push_back(std::string("train.cuda_graph=") + mode);
+      const GpuRun g = gpu_run(gpu_run_sets("cuda:0", p, 8, std::string("graph_") + mode, e));
+      EXPECT_GT(g.graph_replays, 0) << p << " " << mode << ": " << g.graph_summary;
+      expect_bit_identical(eager, g, p + " train.cuda_graph=" + mode + " against off");
+      std::printf("  %s train.cuda_graph=%s: %s\n", precision, mode, g.graph_summary.c_str());
+    }
   }
 }
 
