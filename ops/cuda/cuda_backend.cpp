@@ -171,14 +171,18 @@ struct ThreadState {
   cudaEvent_t read_done{};  // the step's one read: polled, so communicator checks run while it waits
   cudaStream_t bound = nullptr;  // the stream the handles work on (new handles: the default one)
   uint64_t epoch = 0;            // Backend::capture_epoch: bumped when the scratch moves
+  // cuBLAS's workspace, one per stream the handle worked on (two streams' GEMMs may overlap on the
+  // device), set explicitly: cuBLAS's own pool would allocate on first use of a stream, which
+  // inside a CUDA graph capture becomes the graph's memory (train.cuda_graph), and otherwise
+  // grows unseen. Outside the replica's pool, like the scratch: blas_workspace_bytes() each.
+  std::unordered_map<cudaStream_t, void*> blas_ws;
   ~ThreadState() {
     plans.clear();
     if (cudnn) cudnnDestroy(cudnn);
     if (cublas) cublasDestroy(cublas);
-    if (scratch) {  // stream-ordered memory: cudaFree does not wait for its users (thread exit only)
-      cudaDeviceSynchronize();
-      cudaFree(scratch);
-    }
+    if (scratch || !blas_ws.empty()) cudaDeviceSynchronize();  // their users finish first (thread exit only)
+    if (scratch) cudaFree(scratch);  // stream-ordered memory: cudaFree does not wait for its users
+    for (auto& [s, w] : blas_ws) cudaFree(w);
     if (host) cudaFreeHost(host);
     if (read_done) cudaEventDestroy(read_done);
   }
@@ -203,6 +207,14 @@ struct ThreadState {
   }
 };
 
+// cuBLAS's recommended workspace: 32 MiB on Hopper and later, 4 MiB before (cuBLAS's guide,
+// "cublasSetWorkspace").
+size_t blas_workspace_bytes(int device) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) major = 0;
+  return size_t(major >= 9 ? 32 : 4) << 20;
+}
+
 ThreadState& state() {
   thread_local std::unordered_map<int, std::unique_ptr<ThreadState>> states;
   int dev = 0;
@@ -219,7 +231,12 @@ ThreadState& state() {
   // Handles start on the default stream; rebinding happens once per stream change, not per op.
   if (cudaStream_t s = stream(); s != st->bound) {
     REPLICA_CUDNN_CHECK(cudnnSetStream(st->cudnn, s));
+    // cublasSetStream puts the handle back on cuBLAS's own workspace pool: the stream's own
+    // workspace is set again after it, every time.
     REPLICA_CUBLAS_CHECK(cublasSetStream(st->cublas, s));
+    void*& ws = st->blas_ws[s];
+    if (!ws) REPLICA_CUDA_CHECK(cudaMalloc(&ws, blas_workspace_bytes(dev)));
+    REPLICA_CUBLAS_CHECK(cublasSetWorkspace(st->cublas, ws, blas_workspace_bytes(dev)));
     st->bound = s;
   }
   return *st;
