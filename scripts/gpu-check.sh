@@ -136,6 +136,12 @@ img_s() { sed -n 's/^replica: [0-9]* steps in [0-9.]* s (\([0-9]*\) img\/s.*/\1/
 if [ -d "$data" ]; then
   phase default-run 120 "$bin/replica" train --devices cuda --set data.path="$data" --run-dir /tmp/replica-default
   log "# default run: $(acc default-run)% in $(secs default-run) s ($(img_s default-run) img/s)"
+  # The same run with each micro-step replayed as a CUDA graph (#40's target: <= 4 s at the same
+  # accuracy; it is host-bound eager, ~88% of its wall time enqueueing work).
+  phase default-run-graph 120 "$bin/replica" train --devices cuda --set data.path="$data" --set train.cuda_graph=auto \
+        --run-dir /tmp/replica-default-graph
+  log "# default run, train.cuda_graph=auto: $(acc default-run-graph)% in $(secs default-run-graph) s ($(img_s default-run-graph) img/s)"
+  grep -h "cuda_graph" /tmp/phase-default-run-graph.log | head -3 | while read -r l; do log "# $l"; done
   # Both runs in one run directory (the checkpoints' config section names it), moved aside after.
   rm -rf /tmp/replica-det /tmp/replica-det-a /tmp/replica-det-b
   for r in a b; do
