@@ -79,11 +79,11 @@ class NullBackend final : public ops::Backend {
   void sum_in_order_into(const Tensor&, const Tensor&) override {}
   void read_to_host(const Tensor&, void*, const std::function<void()>&) override {}
   void rsqrt_eps(const Tensor&, const Tensor&, float) override {}
-  void sgd_update(const Tensor&, const Tensor&, const Tensor&, const SgdUpdate&) override {}
-  void adamw_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWUpdate&) override {}
+  void sgd_update(const Tensor&, const Tensor&, const Tensor&, const SgdUpdate&, const Tensor&) override {}
+  void adamw_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWUpdate&, const Tensor&) override {}
   void lars_trust_ratios(const Tensor&, const Tensor&, const std::vector<std::pair<int64_t, int64_t>>&, float, float,
                          float, const Tensor&) override {}
-  void lars_update(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, float, float) override {}
+  void lars_update(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, float, float, const Tensor&) override {}
 };
 
 
@@ -246,23 +246,24 @@ class TimedBackend final : public ops::Backend {
     Timer t(*this, "rsqrt");
     in_.rsqrt_eps(x, y, eps);
   }
-  void sgd_update(const Tensor& p, const Tensor& g, const Tensor& b, const SgdUpdate& u) override {
+  void sgd_update(const Tensor& p, const Tensor& g, const Tensor& b, const SgdUpdate& u, const Tensor& c) override {
     Timer t(*this, "sgd update");
-    in_.sgd_update(p, g, b, u);
+    in_.sgd_update(p, g, b, u, c);
   }
-  void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u) override {
+  void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u,
+                    const Tensor& c) override {
     Timer t(*this, "adamw update");
-    in_.adamw_update(p, g, m, v, u);
+    in_.adamw_update(p, g, m, v, u, c);
   }
   void lars_trust_ratios(const Tensor& p, const Tensor& g, const std::vector<std::pair<int64_t, int64_t>>& s, float trust,
                          float wd, float eps, const Tensor& r) override {
     Timer t(*this, "lars ratios");
     in_.lars_trust_ratios(p, g, s, trust, wd, eps, r);
   }
-  void lars_update(const Tensor& p, const Tensor& g, const Tensor& b, float lr, const Tensor& r, float m,
-                   float wd) override {
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& b, float lr, const Tensor& r, float m, float wd,
+                   const Tensor& c) override {
     Timer t(*this, "lars update");
-    in_.lars_update(p, g, b, lr, r, m, wd);
+    in_.lars_update(p, g, b, lr, r, m, wd, c);
   }
 
  private:

@@ -172,16 +172,20 @@ class Backend {
   // Fused optimizer updates over f32 views of the flat buffers, one call per parameter group;
   // optim/ owns the hyper-parameters and the schedule. The formulas (PyTorch's order of
   // operations) are in ops/cpu/optim_kernels.cpp.
+  // `copy`: the 16-bit compute copy of the same elements (f16 or bf16, p's size), written in the
+  // same pass with the updated parameters rounded to nearest even, the bits cast(p, copy) would
+  // write after the update: one pass over the parameters instead of two. Undefined: none.
   struct SgdUpdate {
     float lr = 0, momentum = 0, coupled_wd = 0, decoupled_wd = 0;
     bool nesterov = false, first = false;  // first: the momentum buffer starts at the gradient
   };
-  virtual void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u) = 0;
+  virtual void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u,
+                          const Tensor& copy) = 0;
   struct AdamWUpdate {
     float beta1 = 0, beta2 = 0, eps = 0, decay = 1, step_size = 0, inv_sqrt_bc2 = 1;
   };
   virtual void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                            const AdamWUpdate& u) = 0;
+                            const AdamWUpdate& u, const Tensor& copy) = 0;
   // LARS trust ratios, left on the device (no host read): for each [offset, offset + count)
   // segment i of params and grads, ratios[i] = trust * |w| / (|g| + wd * |w| + eps) in double, or
   // 1 when either norm is 0 (ratios: f32 [segments.size()]).
@@ -191,7 +195,7 @@ class Backend {
   // LARS: buf = momentum * buf + lr * ratio * (g + wd * p); p -= buf. ratio: one f32 of
   // lars_trust_ratios' output on the device, or undefined for 1 (lr * ratio rounds to f32 first).
   virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio,
-                           float momentum, float wd) = 0;
+                           float momentum, float wd, const Tensor& copy) = 0;
 };
 
 // The backend for a device (one shared instance per kind). Throws on a CUDA device when CUDA is

@@ -14,7 +14,7 @@ AdamW::AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, Adam
   v_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
 
-void AdamW::step(const Tensor& params, const Tensor& grads, float lr) {
+void AdamW::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
   steps_++;
   auto& be = ops::backend_for(params.device());
   const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), static_cast<double>(steps_));
@@ -29,7 +29,7 @@ void AdamW::step(const Tensor& params, const Tensor& grads, float lr) {
     u.decay = grp.decay ? 1.f - lr * o_.weight_decay : 1.f;
     Shape s{grp.count};
     be.adamw_update(at(params, grp.offset, s), at(grads, grp.offset, s), m_.view(grp.offset - lo_, s),
-                    v_.view(grp.offset - lo_, s), u);
+                    v_.view(grp.offset - lo_, s), u, at_copy(copy, grp.offset, s));
   }
 }
 
@@ -51,7 +51,7 @@ Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOp
                           MemTag::optimizer);
 }
 
-void Lars::step(const Tensor& params, const Tensor& grads, float lr) {
+void Lars::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
   auto& be = ops::backend_for(params.device());
   // Every adapted tensor's trust ratio in one pass, left on the device: the update reads it
   // there, so LARS adds no host synchronisation to the step.
@@ -63,7 +63,7 @@ void Lars::step(const Tensor& params, const Tensor& grads, float lr) {
     Shape sh{s.count};
     const Tensor ratio = s.adapt ? ratios_.view(k++, {1}) : Tensor();
     be.lars_update(at(params, s.offset, sh), at(grads, s.offset, sh), momentum_.view(s.offset - lo_, sh), lr, ratio,
-                   o_.momentum, s.adapt ? o_.weight_decay : 0.f);
+                   o_.momentum, s.adapt ? o_.weight_decay : 0.f, at_copy(copy, s.offset, sh));
   }
   steps_++;
 }

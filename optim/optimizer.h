@@ -33,7 +33,13 @@ class Optimizer {
   // buffers: only [range_lo, range_hi) is read or changed. Each of params and grads is either whole
   // (total() elements) or the range alone (range_hi - range_lo elements, indexed from range_lo):
   // ZeRO-2 keeps only its shard of the reduced gradient, sharded masters only their shard.
-  virtual void step(const Tensor& params, const Tensor& grads, float lr) = 0;
+  // `copy`: the model's 16-bit compute copy (nn::Model::compute_copy), whole or the range alone
+  // like params, written in the update's own pass with the new parameters rounded: the bits
+  // Model::refresh_compute_copy() would write after it, without another pass over the parameters.
+  // Undefined (f32 training): none.
+  void step(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy = Tensor()) {
+    update(params, grads, lr, copy);
+  }
   // State tensors (momentum, moments) for checkpoints: each covers [range_lo, range_hi).
   virtual std::vector<Tensor*> state() = 0;
   int64_t steps() const { return steps_; }
@@ -43,12 +49,15 @@ class Optimizer {
   int64_t total() const { return total_; }  // elements of the whole flat buffer
 
  protected:
+  virtual void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) = 0;
   // Fixes the range for a buffer of `total` elements; throws Error when it does not fit.
   void set_range(int64_t total, ShardRange r);
   int64_t range_size() const { return std::max<int64_t>(hi_ - lo_, 1); }  // state tensors are never empty
   // The elements [offset, offset + s.numel()) (flat coordinates) of a buffer that is whole or the
   // range alone (see step()); an Error for a buffer of any other size.
   Tensor at(const Tensor& t, int64_t offset, Shape s) const;
+  // at() of the 16-bit copy step() was given, or undefined when it was given none.
+  Tensor at_copy(const Tensor& copy, int64_t offset, Shape s) const { return copy.defined() ? at(copy, offset, s) : Tensor(); }
   // The range of a buffer that is whole or the range alone, as the range alone.
   Tensor in_range(const Tensor& t) const { return at(t, lo_, {std::max<int64_t>(hi_ - lo_, 0)}); }
   int64_t steps_ = 0;
@@ -70,9 +79,11 @@ class Sgd : public Optimizer {
  public:
   Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o, ShardRange r = {});
   std::string name() const override { return "sgd"; }
-  void step(const Tensor& params, const Tensor& grads, float lr) override;
   std::vector<Tensor*> state() override { return {&momentum_}; }
   const SgdOptions& options() const { return o_; }
+
+ protected:
+  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) override;
 
  private:
   SgdOptions o_;
@@ -91,8 +102,10 @@ class AdamW : public Optimizer {
  public:
   AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, AdamWOptions o, ShardRange r = {});
   std::string name() const override { return "adamw"; }
-  void step(const Tensor& params, const Tensor& grads, float lr) override;
   std::vector<Tensor*> state() override { return {&m_, &v_}; }
+
+ protected:
+  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) override;
 
  private:
   AdamWOptions o_;
@@ -115,8 +128,10 @@ class Lars : public Optimizer {
  public:
   Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOptions o, ShardRange r = {});
   std::string name() const override { return "lars"; }
-  void step(const Tensor& params, const Tensor& grads, float lr) override;
   std::vector<Tensor*> state() override { return {&momentum_}; }
+
+ protected:
+  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) override;
 
  private:
   LarsOptions o_;

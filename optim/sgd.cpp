@@ -11,7 +11,7 @@ Sgd::Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptio
   momentum_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
 
-void Sgd::step(const Tensor& params, const Tensor& grads, float lr) {
+void Sgd::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
   auto& be = ops::backend_for(params.device());
   for (const auto& grp : groups_) {
     const float wd = grp.decay ? o_.weight_decay : 0.f;
@@ -23,7 +23,7 @@ void Sgd::step(const Tensor& params, const Tensor& grads, float lr) {
     u.nesterov = o_.nesterov;
     u.first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
     be.sgd_update(at(params, grp.offset, {grp.count}), at(grads, grp.offset, {grp.count}),
-                  momentum_.view(grp.offset - lo_, {grp.count}), u);
+                  momentum_.view(grp.offset - lo_, {grp.count}), u, at_copy(copy, grp.offset, {grp.count}));
   }
   steps_++;
 }

@@ -203,15 +203,15 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   if (o_.fault) o_.fault("optimizer");
   {
     Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
-    // Queued on the compute stream, no host wait. ZeRO-2 hands over the shard alone.
-    opt_.step(model_.params(), grads_, lr);
-    if (model_.masters_sharded()) {  // the shard's 16-bit copy, then everyone's (half the bytes)
-      model_.refresh_compute_copy();
-      gather_parameters();
-    } else {
-      gather_parameters();
-      model_.refresh_compute_copy();
-    }
+    // Queued on the compute stream, no host wait. ZeRO-2 hands over the shard alone. The update
+    // writes the 16-bit compute copy of what it updates in its own pass, where that is all of the
+    // copy or all this replica's part of it: unsharded, or with sharded masters (the shard's copy,
+    // then everyone's: half the bytes). A sharded optimizer over whole f32 masters gathers the f32
+    // parameters first and rounds them all after.
+    const bool copy_in_update = !o_.shard.sharded() || model_.masters_sharded();
+    opt_.step(model_.params(), grads_, lr, copy_in_update ? model_.compute_copy() : Tensor());
+    gather_parameters();
+    if (!copy_in_update) model_.refresh_compute_copy();
   }
   check_leaks();
   if (o_.timeline) trace_pool_peaks();

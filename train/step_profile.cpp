@@ -385,7 +385,7 @@ StepSamples time_steps(ScratchReplica& r, const RunConfig& cfg, int64_t micro, i
     const int mc = timer ? timer->mark() : 0;
     double c = since(c0);
     const auto o0 = Clock::now();
-    r.opt->step(r.model->params(), r.model->grads(), 0.f);
+    r.opt->step(r.model->params(), r.model->grads(), 0.f, r.model->compute_copy());  // as the step does
     const int mo = timer ? timer->mark() : 0;
     double o = since(o0);
     if (timer) {

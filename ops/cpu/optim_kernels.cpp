@@ -1,5 +1,6 @@
 // CPU optimizer kernels over f32 flat-buffer views, and the small reductions the optimizers and
 // frozen batch norm need. These loops are the reference the CUDA kernels are tested against.
+#include <algorithm>
 #include <cmath>
 
 #include "core/errors.h"
@@ -10,6 +11,30 @@ namespace {
 void require_f32(std::initializer_list<const Tensor*> ts, const char* who) {
   for (const Tensor* t : ts)
     if (t->dtype() != DType::f32) throw ShapeError(std::string(who) + ": expected f32, got " + t->str());
+}
+
+// The optimizer updates' 16-bit copy (Backend::sgd_update): undefined, or f16 / bf16 of p's size.
+void require_copy(const Tensor& copy, const Tensor& p, const char* who) {
+  if (!copy.defined()) return;
+  if ((copy.dtype() != DType::f16 && copy.dtype() != DType::bf16) || copy.numel() != p.numel())
+    throw ShapeError(std::string(who) + ": the compute copy " + copy.str() + " is not a 16-bit tensor the size of " +
+                     p.str());
+}
+
+// Runs update(lo, hi) over [0, n) in blocks, each followed by its elements' rounding into `copy`
+// (when defined) while they are still in cache: one pass over the parameters, and the very
+// conversion Backend::cast makes, so the copy has cast's bits.
+constexpr int64_t kCopyBlock = 4096;
+template <typename Update>
+void blocks_with_copy(int64_t n, const float* p, const Tensor& copy, Update&& update) {
+  if (!copy.defined()) return update(int64_t(0), n);
+  const size_t es = dtype_size(copy.dtype());
+  for (int64_t lo = 0; lo < n; lo += kCopyBlock) {
+    const int64_t hi = std::min(n, lo + kCopyBlock);
+    update(lo, hi);
+    convert(p + lo, DType::f32, static_cast<char*>(copy.raw()) + static_cast<size_t>(lo) * es, copy.dtype(),
+            static_cast<size_t>(hi - lo));
+  }
 }
 }  // namespace
 
@@ -61,35 +86,41 @@ void CpuBackend::rsqrt_eps(const Tensor& x, const Tensor& y, float eps) {
 }
 
 void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor& momentum,
-                            const SgdUpdate& u) {
+                            const SgdUpdate& u, const Tensor& copy) {
   require_f32({&params, &grads, &momentum}, "sgd_update");
+  require_copy(copy, params, "sgd_update");
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* buf = momentum.data<float>();
   const float m = u.momentum;
-  for (int64_t i = 0, e = params.numel(); i < e; ++i) {
-    float d = g[i] + u.coupled_wd * p[i];
-    if (m != 0.f) {
-      buf[i] = u.first ? d : m * buf[i] + d;
-      d = u.nesterov ? d + m * buf[i] : buf[i];
+  blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float d = g[i] + u.coupled_wd * p[i];
+      if (m != 0.f) {
+        buf[i] = u.first ? d : m * buf[i] + d;
+        d = u.nesterov ? d + m * buf[i] : buf[i];
+      }
+      p[i] -= u.lr * d + u.decoupled_wd * p[i];
     }
-    p[i] -= u.lr * d + u.decoupled_wd * p[i];
-  }
+  });
 }
 
 void CpuBackend::adamw_update(const Tensor& params, const Tensor& grads, const Tensor& m1, const Tensor& m2,
-                              const AdamWUpdate& u) {
+                              const AdamWUpdate& u, const Tensor& copy) {
   require_f32({&params, &grads, &m1, &m2}, "adamw_update");
+  require_copy(copy, params, "adamw_update");
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* m = m1.data<float>();
   float* v = m2.data<float>();
-  for (int64_t i = 0, e = params.numel(); i < e; ++i) {
-    p[i] *= u.decay;
-    m[i] = u.beta1 * m[i] + (1.f - u.beta1) * g[i];
-    v[i] = u.beta2 * v[i] + (1.f - u.beta2) * g[i] * g[i];
-    p[i] -= u.step_size * m[i] / (std::sqrt(v[i]) * u.inv_sqrt_bc2 + u.eps);
-  }
+  blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      p[i] *= u.decay;
+      m[i] = u.beta1 * m[i] + (1.f - u.beta1) * g[i];
+      v[i] = u.beta2 * v[i] + (1.f - u.beta2) * g[i] * g[i];
+      p[i] -= u.step_size * m[i] / (std::sqrt(v[i]) * u.inv_sqrt_bc2 + u.eps);
+    }
+  });
 }
 
 void CpuBackend::lars_trust_ratios(const Tensor& params, const Tensor& grads,
@@ -116,16 +147,19 @@ void CpuBackend::lars_trust_ratios(const Tensor& params, const Tensor& grads,
 }
 
 void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Tensor& momentum, float lr,
-                             const Tensor& ratio, float mom, float wd) {
+                             const Tensor& ratio, float mom, float wd, const Tensor& copy) {
   require_f32({&params, &grads, &momentum}, "lars_update");
+  require_copy(copy, params, "lars_update");
   const float scaled_lr = ratio.defined() ? lr * ratio.data<float>()[0] : lr;
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* buf = momentum.data<float>();
-  for (int64_t i = 0, e = params.numel(); i < e; ++i) {
-    buf[i] = mom * buf[i] + scaled_lr * (g[i] + wd * p[i]);
-    p[i] -= buf[i];
-  }
+  blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      buf[i] = mom * buf[i] + scaled_lr * (g[i] + wd * p[i]);
+      p[i] -= buf[i];
+    }
+  });
 }
 
 }  // namespace replica::ops::REPLICA_CPU_ISA_NS

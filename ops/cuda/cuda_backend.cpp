@@ -58,6 +58,14 @@ void require_f32(const Tensor& t, const char* who) {
 void require_same(const Tensor& a, const Tensor& b, const char* who) {
   if (a.numel() != b.numel()) throw ShapeError(std::string(who) + ": " + a.str() + " and " + b.str() + " differ in size");
 }
+// The optimizer updates' 16-bit copy (Backend::sgd_update): none, or f16 / bf16 of p's size.
+cuk::DPtr copy_ptr(const Tensor& copy, const Tensor& p, const char* who) {
+  if (!copy.defined()) return {};
+  if ((copy.dtype() != DType::f16 && copy.dtype() != DType::bf16) || copy.numel() != p.numel())
+    throw ShapeError(std::string(who) + ": the compute copy " + copy.str() + " is not a 16-bit tensor the size of " +
+                     p.str());
+  return dp(copy);
+}
 int as_int(int64_t v, const char* who) {
   if (v > 0x7fffffff) throw ShapeError(std::string(who) + ": dimension " + std::to_string(v) + " exceeds 2^31");
   return static_cast<int>(v);
@@ -764,15 +772,17 @@ class CudaBackend final : public Backend {
     cuk::rsqrt_eps(x.data<float>(), y.data<float>(), eps, x.numel(), stream());
   }
 
-  void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u) override {
+  void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u,
+                  const Tensor& copy) override {
     for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "sgd_update");
     cuk::sgd_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), u.lr, u.momentum, u.coupled_wd,
-                    u.decoupled_wd, u.nesterov, u.first, stream());
+                    u.decoupled_wd, u.nesterov, u.first, copy_ptr(copy, p, "sgd_update"), stream());
   }
-  void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u) override {
+  void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u,
+                    const Tensor& copy) override {
     for (const Tensor* t : {&p, &g, &m, &v}) require_f32(*t, "adamw_update");
     cuk::adamw_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), u.beta1, u.beta2,
-                      u.eps, u.decay, u.step_size, u.inv_sqrt_bc2, stream());
+                      u.eps, u.decay, u.step_size, u.inv_sqrt_bc2, copy_ptr(copy, p, "adamw_update"), stream());
   }
   void lars_trust_ratios(const Tensor& params, const Tensor& grads,
                          const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd, float eps,
@@ -786,10 +796,11 @@ class CudaBackend final : public Backend {
     cuk::lars_ratios(params.data<float>(), grads.data<float>(), d, d + n, n, trust, wd, eps, ratios.data<float>(), s);
   }
   void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio, float momentum,
-                   float wd) override {
+                   float wd, const Tensor& copy) override {
     for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "lars_update");
     cuk::lars_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), lr,
-                     ratio.defined() ? ratio.data<float>() : nullptr, momentum, wd, stream());
+                     ratio.defined() ? ratio.data<float>() : nullptr, momentum, wd, copy_ptr(copy, p, "lars_update"),
+                     stream());
   }
 
  private:

@@ -319,21 +319,29 @@ __global__ void k_unscale_check(float* g, int64_t n, float inv, Flag* nonfinite)
 
 // ---- optimizers -------------------------------------------------------------------------------
 
+// Each update stores the new parameter and, when `copy` is given, its rounding into the 16-bit
+// compute copy (st: cast's rounding): the copy costs 2 bytes written, not another pass.
+__device__ __forceinline__ void store_param(float* p, DPtr copy, int64_t i, float v) {
+  p[i] = v;
+  if (copy.p) st(copy.mut(), copy.dt, i, v);
+}
+
 __global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float m, float cwd, float dwd,
-                      bool nesterov, bool first) {
+                      bool nesterov, bool first, DPtr copy) {
   GRID_STRIDE(i, n) {
-    float d = g[i] + cwd * p[i];
+    const float pi = p[i];
+    float d = g[i] + cwd * pi;
     if (m != 0.f) {
       const float b = first ? d : m * buf[i] + d;
       buf[i] = b;
       d = nesterov ? d + m * b : b;
     }
-    p[i] -= lr * d + dwd * p[i];
+    store_param(p, copy, i, pi - (lr * d + dwd * pi));
   }
 }
 
 __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n, float b1, float b2, float eps,
-                        float decay, float step, float inv_sqrt_bc2) {
+                        float decay, float step, float inv_sqrt_bc2, DPtr copy) {
   GRID_STRIDE(i, n) {
     const float gi = g[i];
     const float pi = p[i] * decay;
@@ -341,17 +349,18 @@ __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n,
     const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    store_param(p, copy, i, pi - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps));
   }
 }
 
 __global__ void k_lars(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float m,
-                       float wd) {
+                       float wd, DPtr copy) {
   const float scaled = ratio ? lr * *ratio : lr;
   GRID_STRIDE(i, n) {
-    const float b = m * buf[i] + scaled * (g[i] + wd * p[i]);
+    const float pi = p[i];
+    const float b = m * buf[i] + scaled * (g[i] + wd * pi);
     buf[i] = b;
-    p[i] -= b;
+    store_param(p, copy, i, pi - b);
   }
 }
 
@@ -1113,16 +1122,16 @@ void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaS
 }
 
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd, float dwd,
-                bool nesterov, bool first, cudaStream_t s) {
-  LAUNCH(k_sgd, n, s, p, g, buf, n, lr, momentum, cwd, dwd, nesterov, first);
+                bool nesterov, bool first, DPtr copy, cudaStream_t s) {
+  LAUNCH(k_sgd, n, s, p, g, buf, n, lr, momentum, cwd, dwd, nesterov, first, copy);
 }
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2, float eps,
-                  float decay, float step_size, float inv_sqrt_bc2, cudaStream_t s) {
-  LAUNCH(k_adamw, n, s, p, g, m, v, n, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2);
+                  float decay, float step_size, float inv_sqrt_bc2, DPtr copy, cudaStream_t s) {
+  LAUNCH(k_adamw, n, s, p, g, m, v, n, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2, copy);
 }
 void lars_update(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float momentum,
-                 float wd, cudaStream_t s) {
-  LAUNCH(k_lars, n, s, p, g, buf, n, lr, ratio, momentum, wd);
+                 float wd, DPtr copy, cudaStream_t s) {
+  LAUNCH(k_lars, n, s, p, g, buf, n, lr, ratio, momentum, wd, copy);
 }
 void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
                  float trust, float wd, float eps, float* out, cudaStream_t s) {

@@ -48,13 +48,14 @@ void sum_in_order(const float* x, int64_t n, float* out, cudaStream_t s);
 void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s);
 void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaStream_t s);  // sets 1.f
 
-// Optimizers (f32 flat buffers); formulas as in ops/cpu/optim_kernels.cpp.
+// Optimizers (f32 flat buffers); formulas as in ops/cpu/optim_kernels.cpp. `copy` (p null: none):
+// the 16-bit compute copy, written with each updated parameter rounded as cast() rounds it.
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd,
-                float dwd, bool nesterov, bool first, cudaStream_t s);
+                float dwd, bool nesterov, bool first, DPtr copy, cudaStream_t s);
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2,
-                  float eps, float decay, float step_size, float inv_sqrt_bc2, cudaStream_t s);
+                  float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy, cudaStream_t s);
 void lars_update(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float momentum,
-                 float wd, cudaStream_t s);  // lr * *ratio (ratio null: lr)
+                 float wd, DPtr copy, cudaStream_t s);  // lr * *ratio (ratio null: lr)
 // out[i] = LARS trust ratio of segment i (offsets/counts in device memory), as the CPU backend.
 void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
                  float trust, float wd, float eps, float* out, cudaStream_t s);

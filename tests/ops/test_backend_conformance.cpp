@@ -507,11 +507,19 @@ TEST_P(BackendConformanceF32, Optimizers) {
         so.no_decay_bn_bias = so.decoupled;
         opt = std::make_unique<optim::Sgd>(model->registry(), model->num_params(), *s->pool, so);
       }
+      // The update also writes a 16-bit compute copy in its own pass: the bits of a cast after it.
+      const DType cdt = n == "sgd" || n == "adamw" ? DType::bf16 : DType::f16;
+      Tensor copy = Tensor::empty(*s->pool, {model->num_params()}, cdt, MemTag::params);
+      s->be->cast(model->params(), copy);  // as materialize leaves it (the flat buffer's gaps included)
       for (int step = 0; step < 3; ++step) {
         auto g = randv(static_cast<size_t>(model->num_params()), 30 + step, -0.1f, 0.1f);
         tensor_from_bytes(model->grads(), g.data(), g.size() * 4);
-        opt->step(model->params(), model->grads(), 0.1f);
+        opt->step(model->params(), model->grads(), 0.1f, copy);
       }
+      Tensor cast = Tensor::empty(*s->pool, {model->num_params()}, cdt, MemTag::params);
+      s->be->cast(model->params(), cast);
+      EXPECT_TRUE(tensor_to_bytes(copy) == tensor_to_bytes(cast))
+          << name << ": the update's " << dtype_name(cdt) << " copy against a cast of its parameters";
       optim::clip_grad_norm(model->grads(), 0.5);
       result[i] = host_floats(model->params());
       auto gr = host_floats(model->grads());

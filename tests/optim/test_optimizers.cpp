@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
 
 #include "core/errors.h"
 #include "core/pools.h"
+#include "ops/backend.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -79,6 +83,65 @@ TEST(Lars, TrustRatioOnWeightsPlainMomentumOnBn) {
   EXPECT_NEAR(f.at(0), 1.0 - local * (0.1 + 0.01 * 1.0), 1e-7);
   EXPECT_NEAR(f.at(1), -2.0 - local * (0.2 + 0.01 * -2.0), 1e-7);
   EXPECT_NEAR(f.at(16), 0.5 - 1.0 * -0.4, 1e-7) << "BN gamma: no trust ratio, no weight decay";
+}
+
+// The 16-bit compute copy written in the update's own pass (Optimizer::step's `copy`) has the bits
+// of the update followed by a cast, and the parameters and state are unchanged by writing it: every
+// optimizer, both 16-bit types, a buffer over several of the CPU loop's 4096-element blocks, and a
+// shard's range (only its part of the copy is written).
+TEST(FusedComputeCopy, TheUpdateWritesTheCastBits) {
+  auto pool = make_pool({DeviceKind::cpu, 0}, PoolOptions{});
+  auto& be = ops::backend_for({DeviceKind::cpu, 0});
+  nn::ParamRegistry reg;
+  reg.add_param({"a.weight", {6000}, nn::ParamKind::weight, nn::Init::zeros, 1, 0, nullptr, nullptr});
+  reg.add_param({"a.bn.weight", {37}, nn::ParamKind::bn_gamma, nn::Init::ones, 1, 6000, nullptr, nullptr});
+  reg.add_param({"b.weight", {5000}, nn::ParamKind::weight, nn::Init::zeros, 1, 6037, nullptr, nullptr});
+  const int64_t total = 11037;
+  auto bits = [](const Tensor& t) {
+    std::string b(static_cast<size_t>(t.nbytes()), '\0');
+    std::memcpy(b.data(), t.raw(), b.size());
+    return b;
+  };
+  for (DType dt : {DType::f16, DType::bf16}) {
+    for (const std::string name : {"sgd", "sgd-decoupled", "adamw", "lars"}) {
+      for (ShardRange range : {ShardRange{}, ShardRange{6000, total}}) {
+        const std::string what = name + " " + dtype_name(dt) + (range.hi < 0 ? "" : " shard [6000, 11037)");
+        auto make = [&]() -> std::unique_ptr<Optimizer> {
+          if (name == "adamw") return std::make_unique<AdamW>(reg, total, *pool, AdamWOptions{}, range);
+          if (name == "lars") return std::make_unique<Lars>(reg, total, *pool, LarsOptions{}, range);
+          SgdOptions o;
+          o.decoupled = name == "sgd-decoupled";
+          o.no_decay_bn_bias = o.decoupled;
+          return std::make_unique<Sgd>(reg, total, *pool, o, range);
+        };
+        std::mt19937 rng(7);
+        std::normal_distribution<float> d(0.f, 1.f);
+        Tensor p1 = Tensor::empty(*pool, {total}, DType::f32, MemTag::params);
+        Tensor g = Tensor::empty(*pool, {total}, DType::f32, MemTag::grads);
+        for (int64_t i = 0; i < total; ++i) p1.data<float>()[i] = d(rng), g.data<float>()[i] = 0.01f * d(rng);
+        Tensor p2 = Tensor::empty(*pool, {total}, DType::f32, MemTag::params);
+        copy_tensor(p1, p2);
+        Tensor fused = Tensor::empty(*pool, {total}, dt, MemTag::params);
+        Tensor cast = Tensor::empty(*pool, {total}, dt, MemTag::params);
+        be.cast(p1, fused);  // the copy as materialize leaves it
+        copy_tensor(fused, cast);
+        auto a = make(), b = make();
+        for (int step = 0; step < 3; ++step) {
+          a->step(p1, g, 0.1f, fused);
+          b->step(p2, g, 0.1f);
+          be.cast(p2, cast);  // what refresh_compute_copy does after an update
+          ASSERT_EQ(bits(p1), bits(p2)) << what << ": the parameters moved differently at step " << step;
+          ASSERT_EQ(bits(fused), bits(cast)) << what << ": the copy differs from a cast at step " << step;
+          for (size_t k = 0; k < a->state().size(); ++k)
+            ASSERT_EQ(bits(*a->state()[k]), bits(*b->state()[k])) << what << ": state " << k;
+        }
+      }
+    }
+  }
+  // A copy of another size or an f32 one is refused, naming the op.
+  Tensor p = Tensor::zeros(*pool, {total}, DType::f32, MemTag::params), g = p;
+  Sgd sgd(reg, total, *pool, SgdOptions{});
+  EXPECT_THROW(sgd.step(p, g, 0.1f, Tensor::zeros(*pool, {total}, DType::f32, MemTag::params)), ShapeError);
 }
 
 TEST(Clip, GlobalNormScalesDown) {
