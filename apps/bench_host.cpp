@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "ops/backend.h"
 #include "ops/models/resnet.h"
 #include "ops/nn/training_pass.h"
+#include "optim/optimizer.h"
 
 namespace replica::apps {
 namespace {
@@ -79,11 +81,14 @@ class NullBackend final : public ops::Backend {
   void sum_in_order_into(const Tensor&, const Tensor&) override {}
   void read_to_host(const Tensor&, void*, const std::function<void()>&) override {}
   void rsqrt_eps(const Tensor&, const Tensor&, float) override {}
-  void sgd_update(const Tensor&, const Tensor&, const Tensor&, const SgdUpdate&, const Tensor&) override {}
-  void adamw_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWUpdate&, const Tensor&) override {}
+  void sgd_update(const Tensor&, const Tensor&, const Tensor&, const SgdUpdate&, const ops::ChunkClasses&,
+                  const Tensor&) override {}
+  void adamw_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWUpdate&, const ops::ChunkClasses&,
+                    const Tensor&) override {}
   void lars_trust_ratios(const Tensor&, const Tensor&, const std::vector<std::pair<int64_t, int64_t>>&, float, float,
                          float, const Tensor&) override {}
-  void lars_update(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, float, float, const Tensor&) override {}
+  void lars_update(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, float, float, const ops::ChunkClasses&,
+                   const Tensor&) override {}
 };
 
 
@@ -246,14 +251,15 @@ class TimedBackend final : public ops::Backend {
     Timer t(*this, "rsqrt");
     in_.rsqrt_eps(x, y, eps);
   }
-  void sgd_update(const Tensor& p, const Tensor& g, const Tensor& b, const SgdUpdate& u, const Tensor& c) override {
+  void sgd_update(const Tensor& p, const Tensor& g, const Tensor& b, const SgdUpdate& u, const ops::ChunkClasses& k,
+                  const Tensor& c) override {
     Timer t(*this, "sgd update");
-    in_.sgd_update(p, g, b, u, c);
+    in_.sgd_update(p, g, b, u, k, c);
   }
   void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u,
-                    const Tensor& c) override {
+                    const ops::ChunkClasses& k, const Tensor& c) override {
     Timer t(*this, "adamw update");
-    in_.adamw_update(p, g, m, v, u, c);
+    in_.adamw_update(p, g, m, v, u, k, c);
   }
   void lars_trust_ratios(const Tensor& p, const Tensor& g, const std::vector<std::pair<int64_t, int64_t>>& s, float trust,
                          float wd, float eps, const Tensor& r) override {
@@ -261,9 +267,9 @@ class TimedBackend final : public ops::Backend {
     in_.lars_trust_ratios(p, g, s, trust, wd, eps, r);
   }
   void lars_update(const Tensor& p, const Tensor& g, const Tensor& b, float lr, const Tensor& r, float m, float wd,
-                   const Tensor& c) override {
+                   const ops::ChunkClasses& k, const Tensor& c) override {
     Timer t(*this, "lars update");
-    in_.lars_update(p, g, b, lr, r, m, wd, c);
+    in_.lars_update(p, g, b, lr, r, m, wd, k, c);
   }
 
  private:
@@ -283,6 +289,42 @@ class TimedBackend final : public ops::Backend {
 };
 
 }  // namespace
+
+// The optimizer's share of a step: its backend calls and their host time per step, for SGD with
+// batch norm and biases out of weight decay (configs/resnet50_synthetic_gpu.yaml) and LARS (the
+// MLPerf recipe), beside the parameter groups one call each would have taken.
+void bench_optimizer_steps(nn::Model& model, MemoryPool& pool, TimedBackend& be, int steps, Stream* gpu) {
+  std::printf("# %-40s %8s %8s %12s\n", "optimizer step (the whole flat buffer)", "groups", "calls", "us");
+  for (const std::string name : {"sgd", "lars"}) {
+    std::unique_ptr<optim::Optimizer> opt;
+    int64_t groups = 0;
+    if (name == "lars") {
+      opt = std::make_unique<optim::Lars>(model.registry(), model.num_params(), pool, optim::LarsOptions{});
+      groups = static_cast<int64_t>(model.registry().params().size());
+    } else {
+      optim::SgdOptions so;
+      so.nesterov = false;
+      so.no_decay_bn_bias = true;
+      opt = std::make_unique<optim::Sgd>(model.registry(), model.num_params(), pool, so);
+      groups = static_cast<int64_t>(optim::make_groups(model.registry(), true).size());
+    }
+    opt->use_backend(&be);
+    double seconds = 0;
+    int64_t calls = 0;
+    for (int step = -3; step < steps; ++step) {
+      const int64_t c0 = be.calls;
+      const auto t0 = Clock::now();
+      opt->step(model.params(), model.grads(), 0.1f, model.compute_copy());
+      const auto t1 = Clock::now();
+      if (gpu) gpu->synchronize();  // not timed: what issuing the update costs the host
+      if (step < 0) continue;
+      seconds += std::chrono::duration<double>(t1 - t0).count();
+      calls += be.calls - c0;
+    }
+    std::printf("%-42s %8ld %8.0f %12.1f\n", name == "lars" ? "lars" : "sgd, no_decay_bn_bias",
+                static_cast<long>(groups), static_cast<double>(calls) / steps, 1e6 * seconds / steps);
+  }
+}
 
 int bench_host(const HostBenchOptions& o) {
   if (o.passes < 1 || o.batch < 1) throw ConfigError("bench host: --passes and --batch must be at least 1");
@@ -354,6 +396,7 @@ int bench_host(const HostBenchOptions& o) {
               1e6 * (fwd + bwd) / (fwd_ops + bwd_ops));
   std::printf("# outside the ops' calls (layers, allocation, saved tensors, hooks): %.1f us a pass, %.2f us per op\n",
               1e6 * (fwd + bwd - in_ops) / n, 1e6 * (fwd + bwd - in_ops) / (fwd_ops + bwd_ops));
+  bench_optimizer_steps(*model, *pool, be, o.passes, gpu ? stream.get() : nullptr);
   set_current_stream(nullptr);
   return 0;
 }

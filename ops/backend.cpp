@@ -13,6 +13,20 @@ thread_local int64_t t_host_syncs = 0;
 int64_t host_syncs_on_this_thread() { return t_host_syncs; }
 void note_host_sync() { ++t_host_syncs; }
 
+void check_chunk_classes(const ChunkClasses& c, const Tensor& p, DType dtype, bool required, const char* who) {
+  if (!c.table.defined()) {
+    if (required) throw ShapeError(std::string(who) + ": needs the table of its parameter groups (ChunkClasses)");
+    return;
+  }
+  const int64_t end = c.base + p.numel();
+  if (c.table.dtype() != dtype || !(c.table.device() == p.device()) || c.base < 0 ||
+      c.table.numel() * kParamChunk < end)
+    throw ShapeError(std::string(who) + ": the group table " + c.table.str() + " from flat element " +
+                     std::to_string(c.base) + " is not a " + dtype_name(dtype) + " table on " + p.device().str() +
+                     " covering " + std::to_string(p.numel()) + " elements (" + std::to_string(kParamChunk) +
+                     " per entry)");
+}
+
 ConvGeom ConvGeom::make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t stride,
                         int64_t pad, const std::string& who) {
   if (x.rank() != 4)

@@ -35,6 +35,21 @@ struct PoolGeom {
 // be read by later work on that stream.
 using AllReduceFn = std::function<void(float* data, size_t n)>;
 
+// The flat parameter buffer's slots start on kParamChunk-element boundaries (nn::Model), so each
+// chunk of kParamChunk elements belongs to one parameter: a table with one entry per chunk says
+// what each element's group takes (decay or not, which trust ratio), and an optimizer updates
+// every group in one pass instead of one call per group. `table` covers the whole flat buffer
+// (entry c: elements [c * kParamChunk, (c + 1) * kParamChunk)); the tensors handed to an update
+// start at flat element `base` (an optimizer's shard: its range_lo).
+constexpr int64_t kParamChunk = 16;
+struct ChunkClasses {
+  Tensor table;
+  int64_t base = 0;
+};
+// Throws ShapeError naming `who` unless `c` is undefined (allowed only when !required) or a
+// `dtype` table on p's device covering the chunks of flat elements [c.base, c.base + n).
+void check_chunk_classes(const ChunkClasses& c, const Tensor& p, DType dtype, bool required, const char* who);
+
 // Host synchronisations made by the calling thread: every Backend call that hands a device value
 // to the host counts one (read_to_host, and the calls returning a loss, a norm or a verdict), on
 // every backend alike, so a CPU test holds the training step to its budget of one per optimizer
@@ -169,33 +184,38 @@ class Backend {
   // y = 1 / sqrt(x + eps): frozen batch norm's inverse std from the running variance.
   virtual void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) = 0;
 
-  // Fused optimizer updates over f32 views of the flat buffers, one call per parameter group;
+  // Fused optimizer updates over f32 views of the flat buffers, every parameter group in one call;
   // optim/ owns the hyper-parameters and the schedule. The formulas (PyTorch's order of
   // operations) are in ops/cpu/optim_kernels.cpp.
   // `copy`: the 16-bit compute copy of the same elements (f16 or bf16, p's size), written in the
   // same pass with the updated parameters rounded to nearest even, the bits cast(p, copy) would
   // write after the update: one pass over the parameters instead of two. Undefined: none.
+  // `classes`: what each element's parameter group takes, per kParamChunk elements of the flat
+  // buffer (ChunkClasses); undefined: every element is of class 1.
   struct SgdUpdate {
     float lr = 0, momentum = 0, coupled_wd = 0, decoupled_wd = 0;
     bool nesterov = false, first = false;  // first: the momentum buffer starts at the gradient
   };
+  // classes u8: 1 = weight decay (coupled_wd / decoupled_wd), 0 = none.
   virtual void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u,
-                          const Tensor& copy) = 0;
+                          const ChunkClasses& classes, const Tensor& copy) = 0;
   struct AdamWUpdate {
     float beta1 = 0, beta2 = 0, eps = 0, decay = 1, step_size = 0, inv_sqrt_bc2 = 1;
   };
+  // classes u8: 1 = p *= decay first, 0 = no decay.
   virtual void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                            const AdamWUpdate& u, const Tensor& copy) = 0;
+                            const AdamWUpdate& u, const ChunkClasses& classes, const Tensor& copy) = 0;
   // LARS trust ratios, left on the device (no host read): for each [offset, offset + count)
   // segment i of params and grads, ratios[i] = trust * |w| / (|g| + wd * |w| + eps) in double, or
   // 1 when either norm is 0 (ratios: f32 [segments.size()]).
   virtual void lars_trust_ratios(const Tensor& params, const Tensor& grads,
                                  const std::vector<std::pair<int64_t, int64_t>>& segments, float trust,
                                  float wd, float eps, const Tensor& ratios) = 0;
-  // LARS: buf = momentum * buf + lr * ratio * (g + wd * p); p -= buf. ratio: one f32 of
-  // lars_trust_ratios' output on the device, or undefined for 1 (lr * ratio rounds to f32 first).
-  virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio,
-                           float momentum, float wd, const Tensor& copy) = 0;
+  // LARS: buf = momentum * buf + lr * ratio * (g + wd * p); p -= buf. classes i32 (required):
+  // k >= 0 = adapted with ratio ratios[k] (lars_trust_ratios' output on the device; lr * ratio
+  // rounds to f32 first), -1 = a plain momentum step, ratio 1 and no weight decay.
+  virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
+                           float momentum, float wd, const ChunkClasses& classes, const Tensor& copy) = 0;
 };
 
 // The backend for a device (one shared instance per kind). Throws on a CUDA device when CUDA is

@@ -1,5 +1,6 @@
 // AdamW and LARS over the flat buffers, and clipping by the global gradient norm.
 #include <cmath>
+#include <cstring>
 
 #include "core/errors.h"
 #include "ops/backend.h"
@@ -9,14 +10,14 @@ namespace replica::optim {
 
 AdamW::AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, AdamWOptions o, ShardRange r) : o_(o) {
   set_range(total, r);
-  groups_ = clip_groups(make_groups(reg, o.no_decay_bn_bias), lo_, hi_);
+  classes_ = upload_classes(pool, decay_classes(make_groups(reg, o.no_decay_bn_bias), chunks()), DType::u8);
   m_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
   v_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
 
 void AdamW::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
   steps_++;
-  auto& be = ops::backend_for(params.device());
+  auto& be = backend(params);
   const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), static_cast<double>(steps_));
   ops::Backend::AdamWUpdate u;
@@ -25,16 +26,16 @@ void AdamW::update(const Tensor& params, const Tensor& grads, float lr, const Te
   u.eps = o_.eps;
   u.step_size = static_cast<float>(lr / bc1);
   u.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  for (const auto& grp : groups_) {
-    u.decay = grp.decay ? 1.f - lr * o_.weight_decay : 1.f;
-    Shape s{grp.count};
-    be.adamw_update(at(params, grp.offset, s), at(grads, grp.offset, s), m_.view(grp.offset - lo_, s),
-                    v_.view(grp.offset - lo_, s), u, at_copy(copy, grp.offset, s));
-  }
+  u.decay = 1.f - lr * o_.weight_decay;  // the decaying groups' factor (the table: 1 for the others)
+  const int64_t n = hi_ - lo_;
+  if (n > 0)
+    be.adamw_update(in_range(params), in_range(grads), m_.view(0, {n}), v_.view(0, {n}), u, classes_,
+                    at_copy(copy, lo_, {n}));
 }
 
 Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOptions o, ShardRange r) : o_(o) {
   set_range(total, r);
+  require_chunk_aligned(reg, "lars");
   for (const auto& s : reg.params()) {
     const int64_t n = s.shape.numel();
     if (s.offset + n <= lo_ || s.offset >= hi_) continue;  // another replica's
@@ -49,22 +50,32 @@ Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOp
     if (s.adapt) adapted_.emplace_back(s.offset - lo_, s.count);
   ratios_ = Tensor::zeros(pool, {std::max<int64_t>(static_cast<int64_t>(adapted_.size()), 1)}, DType::f32,
                           MemTag::optimizer);
+  // Each of the range's slots' chunks names its ratio (or -1: a plain step); chunks of other
+  // replicas' slots stay -1 (the range holds at most their zero padding).
+  std::vector<int32_t> cls(static_cast<size_t>(std::max<int64_t>(chunks(), 1)), -1);
+  int32_t k = 0;
+  for (const auto& s : slots_) {
+    const int32_t v = s.adapt ? k++ : -1;
+    for (int64_t c = s.offset / ops::kParamChunk; c < (s.offset + s.count + ops::kParamChunk - 1) / ops::kParamChunk; ++c)
+      cls[static_cast<size_t>(c)] = v;
+  }
+  std::vector<char> bytes(cls.size() * sizeof(int32_t));
+  std::memcpy(bytes.data(), cls.data(), bytes.size());
+  classes_ = upload_classes(pool, bytes, DType::i32);
 }
 
 void Lars::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
-  auto& be = ops::backend_for(params.device());
+  auto& be = backend(params);
   // Every adapted tensor's trust ratio in one pass, left on the device: the update reads it
   // there, so LARS adds no host synchronisation to the step.
   if (!adapted_.empty())
     be.lars_trust_ratios(in_range(params), in_range(grads), adapted_, o_.trust_coefficient, o_.weight_decay, o_.eps,
                          ratios_);
-  int64_t k = 0;
-  for (const auto& s : slots_) {
-    Shape sh{s.count};
-    const Tensor ratio = s.adapt ? ratios_.view(k++, {1}) : Tensor();
-    be.lars_update(at(params, s.offset, sh), at(grads, s.offset, sh), momentum_.view(s.offset - lo_, sh), lr, ratio,
-                   o_.momentum, s.adapt ? o_.weight_decay : 0.f, at_copy(copy, s.offset, sh));
-  }
+  // Every slot of the range in one call: the table gives each element its ratio and decay.
+  const int64_t n = hi_ - lo_;
+  if (n > 0)
+    be.lars_update(in_range(params), in_range(grads), momentum_.view(0, {n}), lr, ratios_, o_.momentum,
+                   o_.weight_decay, classes_, at_copy(copy, lo_, {n}));
   steps_++;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/memory_pool.h"
 #include "core/tensor.h"
+#include "ops/backend.h"
 #include "ops/nn/params.h"
 
 namespace replica::optim {
@@ -47,8 +48,12 @@ class Optimizer {
   int64_t range_lo() const { return lo_; }
   int64_t range_hi() const { return hi_; }
   int64_t total() const { return total_; }  // elements of the whole flat buffer
+  // The backend the updates call: the parameters' device's (default), or `be` (replica bench host
+  // counts and times the optimizer's calls through a wrapping backend). Not owned.
+  void use_backend(ops::Backend* be) { backend_ = be; }
 
  protected:
+  ops::Backend& backend(const Tensor& on) const { return backend_ ? *backend_ : ops::backend_for(on.device()); }
   virtual void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) = 0;
   // Fixes the range for a buffer of `total` elements; throws Error when it does not fit.
   void set_range(int64_t total, ShardRange r);
@@ -60,8 +65,14 @@ class Optimizer {
   Tensor at_copy(const Tensor& copy, int64_t offset, Shape s) const { return copy.defined() ? at(copy, offset, s) : Tensor(); }
   // The range of a buffer that is whole or the range alone, as the range alone.
   Tensor in_range(const Tensor& t) const { return at(t, lo_, {std::max<int64_t>(hi_ - lo_, 0)}); }
+  // The group table of the whole flat buffer (ops::ChunkClasses: one entry per kParamChunk
+  // elements) from `entries` host values of `dtype`'s size, in `pool` (tag optimizer), with the
+  // range's start as its base: every group of the range in one backend call.
+  ops::ChunkClasses upload_classes(MemoryPool& pool, const std::vector<char>& entries, DType dtype) const;
+  int64_t chunks() const { return (total_ + ops::kParamChunk - 1) / ops::kParamChunk; }
   int64_t steps_ = 0;
   int64_t lo_ = 0, hi_ = 0, total_ = 0;
+  ops::Backend* backend_ = nullptr;
 };
 
 struct SgdOptions {
@@ -87,7 +98,7 @@ class Sgd : public Optimizer {
 
  private:
   SgdOptions o_;
-  std::vector<ParamGroup> groups_;
+  ops::ChunkClasses classes_;  // u8: 1 = decay
   Tensor momentum_;
 };
 
@@ -109,7 +120,7 @@ class AdamW : public Optimizer {
 
  private:
   AdamWOptions o_;
-  std::vector<ParamGroup> groups_;
+  ops::ChunkClasses classes_;  // u8: 1 = decay
   Tensor m_, v_;
 };
 
@@ -143,12 +154,17 @@ class Lars : public Optimizer {
   std::vector<std::pair<int64_t, int64_t>> adapted_;  // (offset from range_lo, count) of the adapted slots
   Tensor momentum_;
   Tensor ratios_;  // their trust ratios, on the device
+  ops::ChunkClasses classes_;  // i32: the index in ratios_ of an adapted slot's chunks, -1 elsewhere
 };
 
+// Throws Error naming `who` unless every slot of `reg` starts on a kParamChunk boundary.
+void require_chunk_aligned(const nn::ParamRegistry& reg, const std::string& who);
 // Groups of the flat buffer: each slot with its decay flag, merged when neighbours agree.
 std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_bn_bias);
 // The parts of `groups` inside [lo, hi).
 std::vector<ParamGroup> clip_groups(const std::vector<ParamGroup>& groups, int64_t lo, int64_t hi);
+// The u8 decay table of `groups` over `chunks` entries (ops::ChunkClasses): 1 where a group decays.
+std::vector<char> decay_classes(const std::vector<ParamGroup>& groups, int64_t chunks);
 
 // Scales grads so their global L2 norm is at most max_norm; returns the norm before clipping.
 double clip_grad_norm(const Tensor& grads, double max_norm);

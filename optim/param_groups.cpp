@@ -7,7 +7,17 @@
 
 namespace replica::optim {
 
+void require_chunk_aligned(const nn::ParamRegistry& reg, const std::string& who) {
+  for (const auto& p : reg.params())
+    if (p.offset % ops::kParamChunk != 0)
+      throw Error(who + ": parameter " + p.name + " starts at flat element " + std::to_string(p.offset) +
+                  ", not on a " + std::to_string(ops::kParamChunk) +
+                  "-element boundary (the optimizers' group table has one entry per chunk; nn::Model lays "
+                  "slots out so)");
+}
+
 std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_bn_bias) {
+  require_chunk_aligned(reg, "optimizer");
   std::vector<ParamGroup> g;
   for (const auto& p : reg.params()) {
     bool decay = !(no_decay_bn_bias && p.kind != nn::ParamKind::weight);
@@ -38,6 +48,26 @@ void Optimizer::set_range(int64_t total, ShardRange r) {
   lo_ = r.lo;
   hi_ = hi;
   total_ = total;
+}
+
+std::vector<char> decay_classes(const std::vector<ParamGroup>& groups, int64_t chunks) {
+  std::vector<char> t(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0);
+  for (const auto& g : groups) {
+    // Groups start on slot boundaries, which are chunk boundaries (nn::Model), so no chunk holds two.
+    const int64_t a = g.offset / ops::kParamChunk;
+    const int64_t e = std::min<int64_t>((g.offset + g.count + ops::kParamChunk - 1) / ops::kParamChunk, chunks);
+    for (int64_t c = a; c < e; ++c) t[static_cast<size_t>(c)] = g.decay ? 1 : 0;
+  }
+  return t;
+}
+
+ops::ChunkClasses Optimizer::upload_classes(MemoryPool& pool, const std::vector<char>& entries, DType dtype) const {
+  ops::ChunkClasses c;
+  const int64_t n = static_cast<int64_t>(entries.size() / dtype_size(dtype));
+  c.table = Tensor::empty(pool, {n}, dtype, MemTag::optimizer);
+  tensor_from_bytes(c.table, entries.data(), entries.size());
+  c.base = lo_;
+  return c;
 }
 
 Tensor Optimizer::at(const Tensor& t, int64_t offset, Shape s) const {

@@ -7,23 +7,23 @@ namespace replica::optim {
 
 Sgd::Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o, ShardRange r) : o_(o) {
   set_range(total, r);
-  groups_ = clip_groups(make_groups(reg, o.no_decay_bn_bias), lo_, hi_);
+  classes_ = upload_classes(pool, decay_classes(make_groups(reg, o.no_decay_bn_bias), chunks()), DType::u8);
   momentum_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
 
+// Every group of the range in one call: the table gives each element its decay.
 void Sgd::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
-  auto& be = ops::backend_for(params.device());
-  for (const auto& grp : groups_) {
-    const float wd = grp.decay ? o_.weight_decay : 0.f;
+  const int64_t n = hi_ - lo_;
+  if (n > 0) {
     ops::Backend::SgdUpdate u;
     u.lr = lr;
     u.momentum = o_.momentum;
-    u.coupled_wd = o_.decoupled ? 0.f : wd;
-    u.decoupled_wd = o_.decoupled ? lr * wd : 0.f;
+    u.coupled_wd = o_.decoupled ? 0.f : o_.weight_decay;
+    u.decoupled_wd = o_.decoupled ? lr * o_.weight_decay : 0.f;
     u.nesterov = o_.nesterov;
     u.first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
-    be.sgd_update(at(params, grp.offset, {grp.count}), at(grads, grp.offset, {grp.count}),
-                  momentum_.view(grp.offset - lo_, {grp.count}), u, at_copy(copy, grp.offset, {grp.count}));
+    backend(params)
+        .sgd_update(in_range(params), in_range(grads), momentum_.view(0, {n}), u, classes_, at_copy(copy, lo_, {n}));
   }
   steps_++;
 }

@@ -90,14 +90,14 @@ class CpuBackend : public Backend {
   void read_to_host(const Tensor& src, void* dst, const std::function<void()>& poll) override;
   void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) override;
   void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u,
-                  const Tensor& copy) override;
+                  const ChunkClasses& classes, const Tensor& copy) override;
   void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                    const AdamWUpdate& u, const Tensor& copy) override;
+                    const AdamWUpdate& u, const ChunkClasses& classes, const Tensor& copy) override;
   void lars_trust_ratios(const Tensor& params, const Tensor& grads,
                          const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd,
                          float eps, const Tensor& ratios) override;
-  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio,
-                   float momentum, float wd, const Tensor& copy) override;
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
+                   float momentum, float wd, const ChunkClasses& classes, const Tensor& copy) override;
 
  private:
   // The bodies of the calls above that return host values; the public calls count a host sync

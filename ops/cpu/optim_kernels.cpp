@@ -36,6 +36,23 @@ void blocks_with_copy(int64_t n, const float* p, const Tensor& copy, Update&& up
             static_cast<size_t>(hi - lo));
   }
 }
+
+// Runs body(a, b, class) over [lo, hi) of a tensor starting at flat element c.base, cut where the
+// group class changes (a run is whole chunks but for its ends): the inner loops keep their
+// loop-invariant coefficients, as one call per group had them. `none`: the class without a table.
+template <typename T, typename Body>
+void class_runs(const ChunkClasses& c, int64_t lo, int64_t hi, T none, Body&& body) {
+  if (!c.table.defined()) return body(lo, hi, none);
+  const T* t = c.table.data<T>();
+  for (int64_t a = lo; a < hi;) {
+    const T v = t[(c.base + a) / kParamChunk];
+    int64_t b = ((c.base + a) / kParamChunk + 1) * kParamChunk - c.base;  // this chunk's end
+    while (b < hi && t[(c.base + b) / kParamChunk] == v) b += kParamChunk;
+    b = std::min(b, hi);
+    body(a, b, v);
+    a = b;
+  }
+}
 }  // namespace
 
 std::vector<double> CpuBackend::segment_sum_squares(const Tensor& x,
@@ -86,40 +103,48 @@ void CpuBackend::rsqrt_eps(const Tensor& x, const Tensor& y, float eps) {
 }
 
 void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor& momentum,
-                            const SgdUpdate& u, const Tensor& copy) {
+                            const SgdUpdate& u, const ChunkClasses& classes, const Tensor& copy) {
   require_f32({&params, &grads, &momentum}, "sgd_update");
   require_copy(copy, params, "sgd_update");
+  check_chunk_classes(classes, params, DType::u8, false, "sgd_update");
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* buf = momentum.data<float>();
   const float m = u.momentum;
   blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      float d = g[i] + u.coupled_wd * p[i];
-      if (m != 0.f) {
-        buf[i] = u.first ? d : m * buf[i] + d;
-        d = u.nesterov ? d + m * buf[i] : buf[i];
+    class_runs<uint8_t>(classes, lo, hi, 1, [&](int64_t a, int64_t b, uint8_t decay) {
+      const float cwd = decay ? u.coupled_wd : 0.f, dwd = decay ? u.decoupled_wd : 0.f;
+      for (int64_t i = a; i < b; ++i) {
+        float d = g[i] + cwd * p[i];
+        if (m != 0.f) {
+          buf[i] = u.first ? d : m * buf[i] + d;
+          d = u.nesterov ? d + m * buf[i] : buf[i];
+        }
+        p[i] -= u.lr * d + dwd * p[i];
       }
-      p[i] -= u.lr * d + u.decoupled_wd * p[i];
-    }
+    });
   });
 }
 
 void CpuBackend::adamw_update(const Tensor& params, const Tensor& grads, const Tensor& m1, const Tensor& m2,
-                              const AdamWUpdate& u, const Tensor& copy) {
+                              const AdamWUpdate& u, const ChunkClasses& classes, const Tensor& copy) {
   require_f32({&params, &grads, &m1, &m2}, "adamw_update");
   require_copy(copy, params, "adamw_update");
+  check_chunk_classes(classes, params, DType::u8, false, "adamw_update");
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* m = m1.data<float>();
   float* v = m2.data<float>();
   blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      p[i] *= u.decay;
-      m[i] = u.beta1 * m[i] + (1.f - u.beta1) * g[i];
-      v[i] = u.beta2 * v[i] + (1.f - u.beta2) * g[i] * g[i];
-      p[i] -= u.step_size * m[i] / (std::sqrt(v[i]) * u.inv_sqrt_bc2 + u.eps);
-    }
+    class_runs<uint8_t>(classes, lo, hi, 1, [&](int64_t a, int64_t b, uint8_t decay) {
+      const float dc = decay ? u.decay : 1.f;
+      for (int64_t i = a; i < b; ++i) {
+        p[i] *= dc;
+        m[i] = u.beta1 * m[i] + (1.f - u.beta1) * g[i];
+        v[i] = u.beta2 * v[i] + (1.f - u.beta2) * g[i] * g[i];
+        p[i] -= u.step_size * m[i] / (std::sqrt(v[i]) * u.inv_sqrt_bc2 + u.eps);
+      }
+    });
   });
 }
 
@@ -147,18 +172,27 @@ void CpuBackend::lars_trust_ratios(const Tensor& params, const Tensor& grads,
 }
 
 void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Tensor& momentum, float lr,
-                             const Tensor& ratio, float mom, float wd, const Tensor& copy) {
+                             const Tensor& ratios, float mom, float wd, const ChunkClasses& classes,
+                             const Tensor& copy) {
   require_f32({&params, &grads, &momentum}, "lars_update");
   require_copy(copy, params, "lars_update");
-  const float scaled_lr = ratio.defined() ? lr * ratio.data<float>()[0] : lr;
+  check_chunk_classes(classes, params, DType::i32, true, "lars_update");
+  if (ratios.defined()) require_f32({&ratios}, "lars_update");
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* buf = momentum.data<float>();
   blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      buf[i] = mom * buf[i] + scaled_lr * (g[i] + wd * p[i]);
-      p[i] -= buf[i];
-    }
+    class_runs<int32_t>(classes, lo, hi, -1, [&](int64_t a, int64_t b, int32_t k) {
+      if (k >= 0 && (!ratios.defined() || k >= ratios.numel()))
+        throw ShapeError("lars_update: the group table names trust ratio " + std::to_string(k) + ", past " +
+                         (ratios.defined() ? ratios.str() : std::string("no ratios")));
+      const float scaled_lr = k >= 0 ? lr * ratios.data<float>()[k] : lr;
+      const float w = k >= 0 ? wd : 0.f;
+      for (int64_t i = a; i < b; ++i) {
+        buf[i] = mom * buf[i] + scaled_lr * (g[i] + w * p[i]);
+        p[i] -= buf[i];
+      }
+    });
   });
 }
 

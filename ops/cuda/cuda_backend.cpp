@@ -66,6 +66,12 @@ cuk::DPtr copy_ptr(const Tensor& copy, const Tensor& p, const char* who) {
                      p.str());
   return dp(copy);
 }
+// The group table's entries (null when there is none).
+static_assert(ops::kParamChunk == (1 << cuk::kChunkShift), "the kernels' chunk is the flat buffer's");
+template <typename T>
+const T* table(const ChunkClasses& c) {
+  return c.table.defined() ? c.table.data<T>() : nullptr;
+}
 int as_int(int64_t v, const char* who) {
   if (v > 0x7fffffff) throw ShapeError(std::string(who) + ": dimension " + std::to_string(v) + " exceeds 2^31");
   return static_cast<int>(v);
@@ -773,16 +779,20 @@ class CudaBackend final : public Backend {
   }
 
   void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u,
-                  const Tensor& copy) override {
+                  const ChunkClasses& classes, const Tensor& copy) override {
     for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "sgd_update");
-    cuk::sgd_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), u.lr, u.momentum, u.coupled_wd,
-                    u.decoupled_wd, u.nesterov, u.first, copy_ptr(copy, p, "sgd_update"), stream());
+    check_chunk_classes(classes, p, DType::u8, false, "sgd_update");
+    cuk::sgd_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), table<uint8_t>(classes),
+                    classes.base, u.lr, u.momentum, u.coupled_wd, u.decoupled_wd, u.nesterov, u.first,
+                    copy_ptr(copy, p, "sgd_update"), stream());
   }
   void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u,
-                    const Tensor& copy) override {
+                    const ChunkClasses& classes, const Tensor& copy) override {
     for (const Tensor* t : {&p, &g, &m, &v}) require_f32(*t, "adamw_update");
-    cuk::adamw_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), u.beta1, u.beta2,
-                      u.eps, u.decay, u.step_size, u.inv_sqrt_bc2, copy_ptr(copy, p, "adamw_update"), stream());
+    check_chunk_classes(classes, p, DType::u8, false, "adamw_update");
+    cuk::adamw_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(),
+                      table<uint8_t>(classes), classes.base, u.beta1, u.beta2, u.eps, u.decay, u.step_size,
+                      u.inv_sqrt_bc2, copy_ptr(copy, p, "adamw_update"), stream());
   }
   void lars_trust_ratios(const Tensor& params, const Tensor& grads,
                          const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd, float eps,
@@ -795,12 +805,16 @@ class CudaBackend final : public Backend {
     int64_t* d = upload_segments(segments, params, "lars_trust_ratios", 0);
     cuk::lars_ratios(params.data<float>(), grads.data<float>(), d, d + n, n, trust, wd, eps, ratios.data<float>(), s);
   }
-  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratio, float momentum,
-                   float wd, const Tensor& copy) override {
+  // The table's entries name ratios: the caller (optim::Lars) builds both, so the kernel trusts
+  // them (checking each entry would be a pass over the table).
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
+                   float momentum, float wd, const ChunkClasses& classes, const Tensor& copy) override {
     for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "lars_update");
-    cuk::lars_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), lr,
-                     ratio.defined() ? ratio.data<float>() : nullptr, momentum, wd, copy_ptr(copy, p, "lars_update"),
-                     stream());
+    check_chunk_classes(classes, p, DType::i32, true, "lars_update");
+    if (ratios.defined()) require_f32(ratios, "lars_update");
+    cuk::lars_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), table<int32_t>(classes),
+                     classes.base, lr, ratios.defined() ? ratios.data<float>() : nullptr, momentum, wd,
+                     copy_ptr(copy, p, "lars_update"), stream());
   }
 
  private:

@@ -326,9 +326,14 @@ __device__ __forceinline__ void store_param(float* p, DPtr copy, int64_t i, floa
   if (copy.p) st(copy.mut(), copy.dt, i, v);
 }
 
-__global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float m, float cwd, float dwd,
-                      bool nesterov, bool first, DPtr copy) {
+// Every group of the flat buffer in one launch: an element's group coefficients come from its
+// chunk's entry in the group table (one byte or int per 16 elements, read by 16 neighbouring
+// threads at once), chosen by selects, so each element computes what a call per group computed.
+__global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
+                      float m, float cwd_, float dwd_, bool nesterov, bool first, DPtr copy) {
   GRID_STRIDE(i, n) {
+    const bool decay = !cls || cls[(base + i) >> kChunkShift] != 0;
+    const float cwd = decay ? cwd_ : 0.f, dwd = decay ? dwd_ : 0.f;
     const float pi = p[i];
     float d = g[i] + cwd * pi;
     if (m != 0.f) {
@@ -340,9 +345,10 @@ __global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, float lr,
   }
 }
 
-__global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n, float b1, float b2, float eps,
-                        float decay, float step, float inv_sqrt_bc2, DPtr copy) {
+__global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
+                        float b1, float b2, float eps, float decay_, float step, float inv_sqrt_bc2, DPtr copy) {
   GRID_STRIDE(i, n) {
+    const float decay = !cls || cls[(base + i) >> kChunkShift] != 0 ? decay_ : 1.f;
     const float gi = g[i];
     const float pi = p[i] * decay;
     const float mi = b1 * m[i] + (1.f - b1) * gi;
@@ -353,10 +359,12 @@ __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n,
   }
 }
 
-__global__ void k_lars(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float m,
-                       float wd, DPtr copy) {
-  const float scaled = ratio ? lr * *ratio : lr;
+__global__ void k_lars(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
+                       const float* ratios, float m, float wd_, DPtr copy) {
   GRID_STRIDE(i, n) {
+    const int32_t k = cls[(base + i) >> kChunkShift];
+    const float scaled = k >= 0 ? lr * ratios[k] : lr;
+    const float wd = k >= 0 ? wd_ : 0.f;
     const float pi = p[i];
     const float b = m * buf[i] + scaled * (g[i] + wd * pi);
     buf[i] = b;
@@ -1121,17 +1129,18 @@ void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaS
   check_launch("k_unscale_check");
 }
 
-void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd, float dwd,
-                bool nesterov, bool first, DPtr copy, cudaStream_t s) {
-  LAUNCH(k_sgd, n, s, p, g, buf, n, lr, momentum, cwd, dwd, nesterov, first, copy);
+void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
+                float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, cudaStream_t s) {
+  LAUNCH(k_sgd, n, s, p, g, buf, n, cls, base, lr, momentum, cwd, dwd, nesterov, first, copy);
 }
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2, float eps,
-                  float decay, float step_size, float inv_sqrt_bc2, DPtr copy, cudaStream_t s) {
-  LAUNCH(k_adamw, n, s, p, g, m, v, n, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2, copy);
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
+                  float beta1, float beta2, float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy,
+                  cudaStream_t s) {
+  LAUNCH(k_adamw, n, s, p, g, m, v, n, cls, base, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2, copy);
 }
-void lars_update(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float momentum,
-                 float wd, DPtr copy, cudaStream_t s) {
-  LAUNCH(k_lars, n, s, p, g, buf, n, lr, ratio, momentum, wd, copy);
+void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
+                 const float* ratios, float momentum, float wd, DPtr copy, cudaStream_t s) {
+  LAUNCH(k_lars, n, s, p, g, buf, n, cls, base, lr, ratios, momentum, wd, copy);
 }
 void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
                  float trust, float wd, float eps, float* out, cudaStream_t s) {

@@ -50,12 +50,17 @@ void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaS
 
 // Optimizers (f32 flat buffers); formulas as in ops/cpu/optim_kernels.cpp. `copy` (p null: none):
 // the 16-bit compute copy, written with each updated parameter rounded as cast() rounds it.
-void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float cwd,
-                float dwd, bool nesterov, bool first, DPtr copy, cudaStream_t s);
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2,
-                  float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy, cudaStream_t s);
-void lars_update(float* p, const float* g, float* buf, int64_t n, float lr, const float* ratio, float momentum,
-                 float wd, DPtr copy, cudaStream_t s);  // lr * *ratio (ratio null: lr)
+// `cls`: the parameter groups' table (ops::ChunkClasses), entry (base + i) >> kChunkShift for
+// element i; sgd/adamw: null = every element decays.
+constexpr int kChunkShift = 4;  // ops::kParamChunk = 16 elements per entry
+void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
+                float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, cudaStream_t s);
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
+                  float beta1, float beta2, float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy,
+                  cudaStream_t s);
+// class k >= 0: lr * ratios[k] and wd; -1: lr, no decay.
+void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
+                 const float* ratios, float momentum, float wd, DPtr copy, cudaStream_t s);
 // out[i] = LARS trust ratio of segment i (offsets/counts in device memory), as the CPU backend.
 void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
                  float trust, float wd, float eps, float* out, cudaStream_t s);

@@ -9,11 +9,14 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "ops/backend.h"
 
 namespace replica::nn {
 
 namespace {
-// Every slot starts at a 16-float boundary so each parameter is SIMD-aligned in the flat buffer.
+// Every slot starts at a 16-float boundary so each parameter is SIMD-aligned in the flat buffer,
+// and each kParamChunk-element chunk belongs to one slot (the optimizers' ChunkClasses).
+static_assert(ops::kParamChunk == 16, "slots are aligned to the optimizers' chunk");
 int64_t align16(int64_t n) { return (n + 15) & ~int64_t(15); }
 }  // namespace
 

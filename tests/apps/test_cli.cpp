@@ -288,7 +288,7 @@ TEST(Cli, AllocationTraceReplaysAgainstEveryPolicy) {
 // `bench host` runs a pass through a backend that counts ops and computes nothing; its op counts
 // are the model's: ResNet-20 with each block's join fused (batch norm + add + ReLU one op, no
 // relu_backward or add-backward), and 9 + 18 more without (REPLICA_FUSED_JOIN=0). No timing is judged.
-TEST(Cli, BenchHostCountsTheOpsOfAPassWithAndWithoutTheFusedJoin) {
+TEST(Cli, BenchHostCountsTheOpsOfAPassWithAndWithoutTheFusedJoinAndOfAnOptimizerStep) {
   auto counts = [](const std::string& out) {
     std::smatch f, b;
     EXPECT_TRUE(std::regex_search(out, f, std::regex("\\nforward +([0-9]+) ")) && std::regex_search(out, b, std::regex("\\nbackward +([0-9]+) ")))
@@ -303,6 +303,13 @@ TEST(Cli, BenchHostCountsTheOpsOfAPassWithAndWithoutTheFusedJoin) {
   ASSERT_EQ(plain.code, 0) << plain.out;
   EXPECT_EQ(counts(fused.out), std::make_pair(47, 64));
   EXPECT_EQ(counts(plain.out), std::make_pair(47 + 9, 64 + 18));  // add_relu; relu_backward and axpy
+  // The optimizer's step is one backend call over every parameter group (LARS: and its ratios).
+  std::smatch sgd, lars;
+  ASSERT_TRUE(std::regex_search(fused.out, sgd, std::regex("\nsgd, no_decay_bn_bias +([0-9]+) +([0-9]+) ")) &&
+              std::regex_search(fused.out, lars, std::regex("\nlars +([0-9]+) +([0-9]+) ")))
+      << fused.out;
+  EXPECT_EQ(std::make_pair(std::stoi(sgd[1]), std::stoi(sgd[2])), std::make_pair(44, 1)) << "groups, calls";
+  EXPECT_EQ(std::make_pair(std::stoi(lars[1]), std::stoi(lars[2])), std::make_pair(65, 2)) << "tensors, calls";
   EXPECT_EQ(run("bench host --arch resnet7").code, 2);
 }
 

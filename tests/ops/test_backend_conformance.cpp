@@ -532,6 +532,101 @@ TEST_P(BackendConformanceF32, Optimizers) {
   }
 }
 
+// Every parameter group of the flat buffer in one call (ops::ChunkClasses): on each backend the
+// bits of one call per group with that group's coefficients, for a range that starts inside a
+// chunk (a shard's), a table with both classes and three trust ratios, and the 16-bit copy; the
+// candidate within f32 rounding of the reference. A table of the wrong type or too short, and
+// LARS without one, are ShapeErrors naming the op.
+TEST_P(BackendConformanceF32, OptimizerGroupTableMatchesACallPerGroup) {
+  struct Group {
+    int64_t lo, hi;
+    bool decay;
+    int32_t ratio;
+  };
+  const std::vector<Group> groups = {{0, 160, true, 0}, {160, 176, false, -1}, {176, 496, true, 1},
+                                     {496, 512, false, -1}, {512, 1024, true, 2}};
+  const int64_t total = 1024, base = 37, n = total - base;  // the range [37, 1024)
+  std::vector<uint8_t> decay(total / ops::kParamChunk);
+  std::vector<int32_t> ratio_of(total / ops::kParamChunk);
+  for (const auto& g : groups)
+    for (int64_t c = g.lo / ops::kParamChunk; c < g.hi / ops::kParamChunk; ++c) {
+      decay[static_cast<size_t>(c)] = g.decay;
+      ratio_of[static_cast<size_t>(c)] = g.ratio;
+    }
+  const auto p0 = randv(n, 61), g0 = randv(n, 62, -0.1f, 0.1f), b0 = randv(n, 63, -0.1f, 0.1f),
+             v0 = randv(n, 64, 0.f, 0.01f);
+  for (const std::string op : {"sgd", "sgd-decoupled", "adamw", "lars"}) {
+    std::vector<float> one_call[2];
+    int side = 0;
+    for (Side* s : {cpu.get(), cand.get()}) {
+      Tensor u8 = s->empty({static_cast<int64_t>(decay.size())}, DType::u8);
+      tensor_from_bytes(u8, decay.data(), decay.size());
+      const Tensor i32 = s->put_i32(ratio_of);
+      const Tensor ratios = s->put({0.5f, 2.f, 0.25f}, {3});
+      // update(p, g, state, lo, count, table): [lo, lo + count) of the range, flat element base + lo.
+      auto update = [&](const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& v, const Tensor& copy,
+                        const ops::ChunkClasses& cls, bool decays) {
+        ops::Backend::SgdUpdate su;
+        su.lr = 0.1f;
+        su.momentum = 0.9f;
+        su.nesterov = op == "sgd";
+        if (op == "sgd-decoupled") su.decoupled_wd = decays ? 0.1f * 5e-4f : 0.f;
+        else su.coupled_wd = decays ? 5e-4f : 0.f;
+        ops::Backend::AdamWUpdate au;
+        au.beta1 = 0.9f;
+        au.beta2 = 0.999f;
+        au.eps = 1e-8f;
+        au.decay = decays ? 1.f - 0.1f * 1e-2f : 1.f;
+        au.step_size = 0.1f / 0.19f;
+        au.inv_sqrt_bc2 = 1.f / std::sqrt(0.001999f);
+        if (op == "adamw") s->be->adamw_update(p, g, b, v, au, cls, copy);
+        else if (op == "lars") s->be->lars_update(p, g, b, 0.1f, ratios, 0.9f, 5e-5f, cls, copy);
+        else s->be->sgd_update(p, g, b, su, cls, copy);
+      };
+      Tensor p[2], b[2], v[2], c[2];
+      const Tensor g = s->put(g0, {n});
+      for (int k = 0; k < 2; ++k) {
+        p[k] = s->put(p0, {n});
+        b[k] = s->put(b0, {n});
+        v[k] = s->put(v0, {n});
+        c[k] = s->empty({n}, DType::bf16);
+      }
+      // One call over the range with the table (decay for sgd and adamw, trust ratios for lars) ...
+      update(p[0], g, b[0], v[0], c[0], {op == "lars" ? i32 : u8, base}, true);
+      // ... against one call per group: no table (every element decays) with the group's own
+      // coefficients; LARS, which needs a table, a table naming the group's ratio alone.
+      for (const auto& grp : groups) {
+        const int64_t lo = std::max(grp.lo, base) - base, cnt = grp.hi - base - lo;
+        if (cnt <= 0) continue;
+        ops::ChunkClasses one;
+        if (op == "lars") {
+          one.table = s->put_i32(std::vector<int32_t>(decay.size(), grp.ratio));
+          one.base = base + lo;
+        }
+        update(p[1].view(lo, {cnt}), g.view(lo, {cnt}), b[1].view(lo, {cnt}), v[1].view(lo, {cnt}),
+               c[1].view(lo, {cnt}), one, grp.decay);
+      }
+      for (auto* t : {&p, &b, &v, &c}) {
+        EXPECT_EQ(tensor_to_bytes((*t)[0]), tensor_to_bytes((*t)[1]))
+            << op << " on " << s->be->name() << ": one call with the table against one call per group";
+      }
+      one_call[side] = host_floats(p[0]);
+      const auto bs = host_floats(b[0]);
+      one_call[side].insert(one_call[side].end(), bs.begin(), bs.end());
+      side++;
+      // Refused: the other table type, a table too short for the range, LARS without a table.
+      EXPECT_THROW(update(p[0], g, b[0], v[0], c[0], {op == "lars" ? u8 : i32, base}, true), ShapeError) << op;
+      EXPECT_THROW(update(p[0], g, b[0], v[0], c[0], {(op == "lars" ? i32 : u8).view(0, {10}), base}, true),
+                   ShapeError)
+          << op;
+      if (op == "lars") {
+        EXPECT_THROW(update(p[0], g, b[0], v[0], c[0], {}, true), ShapeError);
+      }
+    }
+    EXPECT_LE(replica::testing::max_rel_diff(one_call[1], one_call[0]), 1e-6) << op;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(F32, BackendConformanceF32,
                          ::testing::Combine(::testing::ValuesIn(candidates()), ::testing::Values(DType::f32)),
                          param_name);

@@ -95,8 +95,8 @@ TEST(FusedComputeCopy, TheUpdateWritesTheCastBits) {
   nn::ParamRegistry reg;
   reg.add_param({"a.weight", {6000}, nn::ParamKind::weight, nn::Init::zeros, 1, 0, nullptr, nullptr});
   reg.add_param({"a.bn.weight", {37}, nn::ParamKind::bn_gamma, nn::Init::ones, 1, 6000, nullptr, nullptr});
-  reg.add_param({"b.weight", {5000}, nn::ParamKind::weight, nn::Init::zeros, 1, 6037, nullptr, nullptr});
-  const int64_t total = 11037;
+  reg.add_param({"b.weight", {5000}, nn::ParamKind::weight, nn::Init::zeros, 1, 6048, nullptr, nullptr});
+  const int64_t total = 11048;  // slots on 16-element boundaries, as nn::Model lays them out
   auto bits = [](const Tensor& t) {
     std::string b(static_cast<size_t>(t.nbytes()), '\0');
     std::memcpy(b.data(), t.raw(), b.size());
@@ -105,7 +105,7 @@ TEST(FusedComputeCopy, TheUpdateWritesTheCastBits) {
   for (DType dt : {DType::f16, DType::bf16}) {
     for (const std::string name : {"sgd", "sgd-decoupled", "adamw", "lars"}) {
       for (ShardRange range : {ShardRange{}, ShardRange{6000, total}}) {
-        const std::string what = name + " " + dtype_name(dt) + (range.hi < 0 ? "" : " shard [6000, 11037)");
+        const std::string what = name + " " + dtype_name(dt) + (range.hi < 0 ? "" : " shard [6000, 11048)");
         auto make = [&]() -> std::unique_ptr<Optimizer> {
           if (name == "adamw") return std::make_unique<AdamW>(reg, total, *pool, AdamWOptions{}, range);
           if (name == "lars") return std::make_unique<Lars>(reg, total, *pool, LarsOptions{}, range);
@@ -142,6 +142,27 @@ TEST(FusedComputeCopy, TheUpdateWritesTheCastBits) {
   Tensor p = Tensor::zeros(*pool, {total}, DType::f32, MemTag::params), g = p;
   Sgd sgd(reg, total, *pool, SgdOptions{});
   EXPECT_THROW(sgd.step(p, g, 0.1f, Tensor::zeros(*pool, {total}, DType::f32, MemTag::params)), ShapeError);
+}
+
+// The optimizers update every group in one call through a table with one entry per 16 elements
+// (ops::ChunkClasses), which needs each slot to start on a chunk boundary: a registry laid out
+// otherwise is refused by name at construction, not updated with a neighbour's coefficients.
+TEST(OptimizerGroups, ASlotOffAChunkBoundaryIsRefused) {
+  auto pool = make_pool({DeviceKind::cpu, 0}, PoolOptions{});
+  nn::ParamRegistry reg;
+  reg.add_param({"a.weight", {20}, nn::ParamKind::weight, nn::Init::zeros, 1, 0, nullptr, nullptr});
+  reg.add_param({"a.bn.weight", {4}, nn::ParamKind::bn_gamma, nn::Init::ones, 1, 20, nullptr, nullptr});
+  for (const std::string name : {"sgd", "adamw", "lars"}) {
+    try {
+      if (name == "sgd") Sgd(reg, 24, *pool, SgdOptions{});
+      else if (name == "adamw") AdamW(reg, 24, *pool, AdamWOptions{});
+      else Lars(reg, 24, *pool, LarsOptions{});
+      ADD_FAILURE() << name << " accepted a slot at flat element 20";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("a.bn.weight starts at flat element 20"), std::string::npos)
+          << name << ": " << e.what();
+    }
+  }
 }
 
 TEST(Clip, GlobalNormScalesDown) {
