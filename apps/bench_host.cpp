@@ -88,7 +88,9 @@ class NullBackend final : public ops::Backend {
   void lars_trust_ratios(const Tensor&, const Tensor&, const std::vector<std::pair<int64_t, int64_t>>&, float, float,
                          float, const Tensor&) override {}
   void lars_update(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, float, float, const ops::ChunkClasses&,
-                   const Tensor&) override {}
+                   const Tensor&, const Tensor&) override {}
+  void step_gate(const Tensor&, const StepGateAt&, double) override {}
+  void scale_by(const Tensor&, const Tensor&) override {}
 };
 
 
@@ -267,9 +269,17 @@ class TimedBackend final : public ops::Backend {
     in_.lars_trust_ratios(p, g, s, trust, wd, eps, r);
   }
   void lars_update(const Tensor& p, const Tensor& g, const Tensor& b, float lr, const Tensor& r, float m, float wd,
-                   const ops::ChunkClasses& k, const Tensor& c) override {
+                   const ops::ChunkClasses& k, const Tensor& c, const Tensor& gate) override {
     Timer t(*this, "lars update");
-    in_.lars_update(p, g, b, lr, r, m, wd, k, c);
+    in_.lars_update(p, g, b, lr, r, m, wd, k, c, gate);
+  }
+  void step_gate(const Tensor& s, const StepGateAt& at, double max_norm) override {
+    Timer t(*this, "step gate");
+    in_.step_gate(s, at, max_norm);
+  }
+  void scale_by(const Tensor& y, const Tensor& f) override {
+    Timer t(*this, "scale by");
+    in_.scale_by(y, f);
   }
 
  private:

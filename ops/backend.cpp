@@ -27,6 +27,11 @@ void check_chunk_classes(const ChunkClasses& c, const Tensor& p, DType dtype, bo
                      " per entry)");
 }
 
+void check_gate(const Tensor& gate, const Tensor& p, const char* who) {
+  if (gate.defined() && (gate.dtype() != DType::f32 || gate.numel() < 1 || !(gate.device() == p.device())))
+    throw ShapeError(std::string(who) + ": the gate " + gate.str() + " is not an f32 value on " + p.device().str());
+}
+
 ConvGeom ConvGeom::make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t stride,
                         int64_t pad, const std::string& who) {
   if (x.rank() != 4)

@@ -49,6 +49,8 @@ struct ChunkClasses {
 // Throws ShapeError naming `who` unless `c` is undefined (allowed only when !required) or a
 // `dtype` table on p's device covering the chunks of flat elements [c.base, c.base + n).
 void check_chunk_classes(const ChunkClasses& c, const Tensor& p, DType dtype, bool required, const char* who);
+// Throws ShapeError naming `who` unless `gate` is undefined or an f32 tensor on p's device.
+void check_gate(const Tensor& gate, const Tensor& p, const char* who);
 
 // Host synchronisations made by the calling thread: every Backend call that hands a device value
 // to the host counts one (read_to_host, and the calls returning a loss, a norm or a verdict), on
@@ -123,6 +125,9 @@ class Backend {
   virtual void axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
   virtual void fill(const Tensor& y, float value) = 0;
   virtual void scale(const Tensor& y, float alpha) = 0;
+  // y *= factor[0], the factor read on the device when the work runs (f32 [1]; y f32): clipping by
+  // a norm the host has not read yet.
+  virtual void scale_by(const Tensor& y, const Tensor& factor) = 0;
 
   // Pooling. maxpool saves the argmax (i32, index into the image's H*W) for backward.
   virtual void maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
@@ -181,6 +186,15 @@ class Backend {
   // then, and may throw: the communicators' health checks, so a failed or hung collective that
   // the stream was ordered after surfaces within its time-out instead of blocking here forever.
   virtual void read_to_host(const Tensor& src, void* dst, const std::function<void()>& poll = {}) = 0;
+  // The training step's verdict, on the device where the step's scalars are (no host read), so
+  // the update can be queued before the host knows it: in the f32 tensor `s`,
+  //   s[at.apply] = 1 if s[at.nonfinite] == 0, s[at.bad_label] == 0 and s[at.loss] is finite, else 0;
+  //   s[at.clip]  = max_norm / (norm + 1e-6) in double, norm = sqrt(s[at.grad_squares]), when
+  //                 max_norm > 0 and norm > max_norm; else 1 (the host's clip_grad_norm factor).
+  struct StepGateAt {
+    int64_t loss = 0, bad_label = 0, nonfinite = 0, grad_squares = 0, apply = 0, clip = 0;
+  };
+  virtual void step_gate(const Tensor& s, const StepGateAt& at, double max_norm) = 0;
   // y = 1 / sqrt(x + eps): frozen batch norm's inverse std from the running variance.
   virtual void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) = 0;
 
@@ -192,15 +206,19 @@ class Backend {
   // write after the update: one pass over the parameters instead of two. Undefined: none.
   // `classes`: what each element's parameter group takes, per kParamChunk elements of the flat
   // buffer (ChunkClasses); undefined: every element is of class 1.
+  // `gate`: f32 [1] on the device (step_gate's apply), read when the work runs: 0 leaves the
+  // parameters, the state and the copy as they were (a skipped step). Undefined: always update.
   struct SgdUpdate {
     float lr = 0, momentum = 0, coupled_wd = 0, decoupled_wd = 0;
     bool nesterov = false, first = false;  // first: the momentum buffer starts at the gradient
+    Tensor gate;
   };
   // classes u8: 1 = weight decay (coupled_wd / decoupled_wd), 0 = none.
   virtual void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u,
                           const ChunkClasses& classes, const Tensor& copy) = 0;
   struct AdamWUpdate {
     float beta1 = 0, beta2 = 0, eps = 0, decay = 1, step_size = 0, inv_sqrt_bc2 = 1;
+    Tensor gate;
   };
   // classes u8: 1 = p *= decay first, 0 = no decay.
   virtual void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
@@ -215,7 +233,8 @@ class Backend {
   // k >= 0 = adapted with ratio ratios[k] (lars_trust_ratios' output on the device; lr * ratio
   // rounds to f32 first), -1 = a plain momentum step, ratio 1 and no weight decay.
   virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
-                           float momentum, float wd, const ChunkClasses& classes, const Tensor& copy) = 0;
+                           float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
+                           const Tensor& gate) = 0;
 };
 
 // The backend for a device (one shared instance per kind). Throws on a CUDA device when CUDA is

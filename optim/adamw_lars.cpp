@@ -15,11 +15,11 @@ AdamW::AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, Adam
   v_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
 
-void AdamW::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
-  steps_++;
+void AdamW::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) {
   auto& be = backend(params);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), static_cast<double>(steps_));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), static_cast<double>(steps_));
+  const double t = static_cast<double>(steps_ + 1);  // this update's step number
+  const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), t);
   ops::Backend::AdamWUpdate u;
   u.beta1 = o_.beta1;
   u.beta2 = o_.beta2;
@@ -27,6 +27,7 @@ void AdamW::update(const Tensor& params, const Tensor& grads, float lr, const Te
   u.step_size = static_cast<float>(lr / bc1);
   u.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   u.decay = 1.f - lr * o_.weight_decay;  // the decaying groups' factor (the table: 1 for the others)
+  u.gate = gate;
   const int64_t n = hi_ - lo_;
   if (n > 0)
     be.adamw_update(in_range(params), in_range(grads), m_.view(0, {n}), v_.view(0, {n}), u, classes_,
@@ -64,7 +65,7 @@ Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOp
   classes_ = upload_classes(pool, bytes, DType::i32);
 }
 
-void Lars::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
+void Lars::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) {
   auto& be = backend(params);
   // Every adapted tensor's trust ratio in one pass, left on the device: the update reads it
   // there, so LARS adds no host synchronisation to the step.
@@ -75,8 +76,7 @@ void Lars::update(const Tensor& params, const Tensor& grads, float lr, const Ten
   const int64_t n = hi_ - lo_;
   if (n > 0)
     be.lars_update(in_range(params), in_range(grads), momentum_.view(0, {n}), lr, ratios_, o_.momentum,
-                   o_.weight_decay, classes_, at_copy(copy, lo_, {n}));
-  steps_++;
+                   o_.weight_decay, classes_, at_copy(copy, lo_, {n}), gate);
 }
 
 double clip_grad_norm(const Tensor& grads, double max_norm) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/errors.h"
 #include "core/memory_pool.h"
 #include "core/tensor.h"
 #include "ops/backend.h"
@@ -39,7 +40,25 @@ class Optimizer {
   // Model::refresh_compute_copy() would write after it, without another pass over the parameters.
   // Undefined (f32 training): none.
   void step(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy = Tensor()) {
-    update(params, grads, lr, copy);
+    if (pending_) throw Error(name() + ": step() while a gated step waits for settle()");
+    update(params, grads, lr, copy, Tensor());
+    steps_++;
+  }
+  // The same update, decided on the device: `gate` (f32 [1] on the parameters' device, the step's
+  // verdict from ops::Backend::step_gate) is read when the work runs, and 0 changes nothing. So
+  // the update can be queued before the host has read the verdict; once it has, settle(applied)
+  // counts the step or not (the next update's step count, SGD's first momentum and AdamW's bias
+  // correction depend on it). A second gated step or step() before settle() is an Error.
+  void step_gated(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) {
+    if (pending_) throw Error(name() + ": a second gated step before settle()");
+    update(params, grads, lr, copy, gate);
+    pending_ = true;
+  }
+  bool pending() const { return pending_; }  // a gated step waits for settle()
+  void settle(bool applied) {
+    if (!pending_) throw Error(name() + ": settle() without a gated step");
+    pending_ = false;
+    if (applied) steps_++;
   }
   // State tensors (momentum, moments) for checkpoints: each covers [range_lo, range_hi).
   virtual std::vector<Tensor*> state() = 0;
@@ -54,7 +73,8 @@ class Optimizer {
 
  protected:
   ops::Backend& backend(const Tensor& on) const { return backend_ ? *backend_ : ops::backend_for(on.device()); }
-  virtual void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) = 0;
+  // The update itself, for the step after steps() applied ones; it must not change steps_.
+  virtual void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) = 0;
   // Fixes the range for a buffer of `total` elements; throws Error when it does not fit.
   void set_range(int64_t total, ShardRange r);
   int64_t range_size() const { return std::max<int64_t>(hi_ - lo_, 1); }  // state tensors are never empty
@@ -73,6 +93,7 @@ class Optimizer {
   int64_t steps_ = 0;
   int64_t lo_ = 0, hi_ = 0, total_ = 0;
   ops::Backend* backend_ = nullptr;
+  bool pending_ = false;  // a gated update was queued and not settled
 };
 
 struct SgdOptions {
@@ -94,7 +115,7 @@ class Sgd : public Optimizer {
   const SgdOptions& options() const { return o_; }
 
  protected:
-  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) override;
+  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) override;
 
  private:
   SgdOptions o_;
@@ -116,7 +137,7 @@ class AdamW : public Optimizer {
   std::vector<Tensor*> state() override { return {&m_, &v_}; }
 
  protected:
-  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) override;
+  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) override;
 
  private:
   AdamWOptions o_;
@@ -142,7 +163,7 @@ class Lars : public Optimizer {
   std::vector<Tensor*> state() override { return {&momentum_}; }
 
  protected:
-  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) override;
+  void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) override;
 
  private:
   LarsOptions o_;

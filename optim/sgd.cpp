@@ -12,7 +12,7 @@ Sgd::Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptio
 }
 
 // Every group of the range in one call: the table gives each element its decay.
-void Sgd::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy) {
+void Sgd::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) {
   const int64_t n = hi_ - lo_;
   if (n > 0) {
     ops::Backend::SgdUpdate u;
@@ -22,10 +22,10 @@ void Sgd::update(const Tensor& params, const Tensor& grads, float lr, const Tens
     u.decoupled_wd = o_.decoupled ? lr * o_.weight_decay : 0.f;
     u.nesterov = o_.nesterov;
     u.first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
+    u.gate = gate;
     backend(params)
         .sgd_update(in_range(params), in_range(grads), momentum_.view(0, {n}), u, classes_, at_copy(copy, lo_, {n}));
   }
-  steps_++;
 }
 
 }  // namespace replica::optim

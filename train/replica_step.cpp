@@ -154,10 +154,32 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
   const auto t0 = std::chrono::steady_clock::now();
   finish_gradients();
+  queue_step_scalars(stop_requested, scale);
+  // Alone in the job, the update is queued before the host reads the step's scalars: no collective
+  // of the step is left to fail, and the device's verdict (step_gate) skips what the host will
+  // skip, so the device goes from the backward to the update without waiting for the host. With
+  // peers the host reads first, so a failed collective is found before anything changes (the
+  // survivors' state stays a completed step's: train/recovery.h).
+  const bool update_first = rep_.world() == 1;
+  // Whichever way apply() leaves, a queued update is settled: counted only when it was applied.
+  struct Settle {
+    optim::Optimizer& opt;
+    bool applied = false;
+    ~Settle() {
+      if (opt.pending()) opt.settle(applied);
+    }
+  } settle{opt_};
+  double queued = 0;  // the host's time queueing the update: the optimizer's share, not the wait's
+  if (update_first) {
+    const auto q0 = std::chrono::steady_clock::now();
+    queue_update(lr);
+    queued = std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count();
+    phases_.optimizer += queued;
+  }
   float host[kStatCount];
-  read_step_scalars(stop_requested, scale, host);
+  read_step_scalars(host);
   const auto t1 = std::chrono::steady_clock::now();
-  phases_.allreduce_wait += std::chrono::duration<double>(t1 - t0).count();
+  phases_.allreduce_wait += std::chrono::duration<double>(t1 - t0).count() - queued;
   // Everything after the wait, whichever way apply() returns, is the optimizer's share.
   struct OptimizerTime {
     double& into;
@@ -178,44 +200,56 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   st.step = opt_.steps() + 1;
   st.scale = scale;
   // Every replica holds the same reduced loss and the same reduced gradients, so every replica
-  // reaches the same verdict here and stops, skips or steps together.
+  // reaches the same verdict here and stops, skips or steps together; the device reached it too.
   const bool finite = host[kNonFinite] == 0.f;
+  const bool sound = finite && std::isfinite(st.loss);
+  if ((host[kApply] != 0.f) != sound)
+    throw Error("ReplicaStep: the device's verdict on step " + std::to_string(st.step) + " (apply " +
+                std::to_string(host[kApply]) + ") is not the host's (" + (sound ? "apply" : "skip") +
+                "): a bug in Backend::step_gate");
   if (o_.scaler) {
-    if (!o_.scaler->update(finite && std::isfinite(st.loss), st.step)) {
+    if (!o_.scaler->update(sound, st.step)) {
       st.applied = false;
       st.step = opt_.steps();
       st.grad_norm = std::nan("");
       check_leaks();
       return st;
     }
-  } else if (!std::isfinite(st.loss) || !finite) {
+  } else if (!sound) {
     throw TrainingError(std::string(std::isfinite(st.loss) ? "the gradients are not finite" : "the loss is NaN") +
                         " at step " + std::to_string(st.step) + " (lr " + std::to_string(lr) +
                         "): the run diverged. Lower optim.lr, add optim.warmup_epochs, clip gradients "
                         "(optim.clip_grad_norm), or check the data.");
   }
   st.grad_norm = std::sqrt(static_cast<double>(host[kGradSquares]));
-  if (o_.clip_grad_norm > 0) {
-    // Sharded, the optimizer reads its own range only, so only that range is clipped.
-    const Tensor g = owned_grads();
-    if (g.defined()) optim::clip_grad_norm(g, o_.clip_grad_norm, st.grad_norm);
-  }
-  if (o_.fault) o_.fault("optimizer");
-  {
-    Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
-    // Queued on the compute stream, no host wait. ZeRO-2 hands over the shard alone. The update
-    // writes the 16-bit compute copy of what it updates in its own pass, where that is all of the
-    // copy or all this replica's part of it: unsharded, or with sharded masters (the shard's copy,
-    // then everyone's: half the bytes). A sharded optimizer over whole f32 masters gathers the f32
-    // parameters first and rounds them all after.
-    const bool copy_in_update = !o_.shard.sharded() || model_.masters_sharded();
-    opt_.step(model_.params(), grads_, lr, copy_in_update ? model_.compute_copy() : Tensor());
-    gather_parameters();
-    if (!copy_in_update) model_.refresh_compute_copy();
-  }
+  if (!update_first) queue_update(lr);
+  settle.applied = true;
   check_leaks();
   if (o_.timeline) trace_pool_peaks();
   return st;
+}
+
+// The update as the device decides it: clipped by the factor step_gate left, applied only where
+// its verdict says so.
+void ReplicaStep::queue_update(float lr) {
+  auto& be = ops::backend_for(rep_.device());
+  if (o_.clip_grad_norm > 0) {
+    // Sharded, the optimizer reads its own range only, so only that range is clipped.
+    const Tensor g = owned_grads();
+    if (g.defined()) be.scale_by(g, stats_.view(kClip, {1}));
+  }
+  if (o_.fault) o_.fault("optimizer");
+  Timeline::Scope opt(o_.timeline, 2 * rep_.rank(), "optimizer", "compute");
+  // Queued on the compute stream, no host wait. ZeRO-2 hands over the shard alone. The update
+  // writes the 16-bit compute copy of what it updates in its own pass, where that is all of the
+  // copy or all this replica's part of it: unsharded, or with sharded masters (the shard's copy,
+  // then everyone's: half the bytes). A sharded optimizer over whole f32 masters gathers the f32
+  // parameters first and rounds them all after.
+  const bool copy_in_update = !o_.shard.sharded() || model_.masters_sharded();
+  opt_.step_gated(model_.params(), grads_, lr, copy_in_update ? model_.compute_copy() : Tensor(),
+                  stats_.view(kApply, {1}));
+  gather_parameters();
+  if (!copy_in_update) model_.refresh_compute_copy();
 }
 
 void ReplicaStep::finish_gradients() {
@@ -237,8 +271,9 @@ void ReplicaStep::finish_gradients() {
 // The step's scalars stay on the device until one read: the loss, accuracy, bad-label flag,
 // sample count and stop vote summed across replicas in one small collective (a signal reaches
 // replicas at slightly different moments; the sum makes them agree), then the finite check and
-// the squared norm of the reduced gradients, then a single copy to the host.
-void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* host) {
+// the squared norm of the reduced gradients, then the verdict and the clip factor (step_gate);
+// read_step_scalars copies them to the host at once.
+void ReplicaStep::queue_step_scalars(bool stop_requested, float scale) {
   auto& be = ops::backend_for(rep_.device());
   be.fill(stats_.view(kCount, {1}), static_cast<float>(count_));
   be.fill(stats_.view(kStop, {1}), stop_requested ? 1.f : 0.f);
@@ -246,10 +281,11 @@ void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* hos
   // the metrics.
   const Tensor mine = reduced_grads();
   if (mine.defined()) be.unscale_check_finite_into(mine, 1.0f / scale, stats_.view(kNonFinite, {1}));
-  parallel::WorkHandle metrics, partials;
+  metrics_.reset();
+  partials_work_.reset();
   if (rep_.world() > 1) {
-    metrics = rep_.comm().all_reduce_async(stats_.raw(), kReducedStats, DType::f32, parallel::ReduceOp::sum);
-    metrics->order_before(rep_.stream());
+    metrics_ = rep_.comm().all_reduce_async(stats_.raw(), kReducedStats, DType::f32, parallel::ReduceOp::sum);
+    metrics_->order_before(rep_.stream());
   }
   // The squared norm over the fixed blocks, added in block order: the same bits for any replica
   // count and with or without sharding (a sharded replica computes its blocks and gathers the rest).
@@ -257,14 +293,25 @@ void ReplicaStep::read_step_scalars(bool stop_requested, float scale, float* hos
   if (nmine > 0)
     be.segment_sum_squares_into(grads_, norm_segments_, partials_.view(first_block_, {nmine}));
   if (!block_bounds_.empty() && rep_.world() > 1) {
-    partials = rep_.comm().all_gather_v_async(partials_.raw(), static_cast<size_t>(partials_.numel()), DType::f32,
-                                              block_bounds_);
-    partials->order_before(rep_.stream());
+    partials_work_ = rep_.comm().all_gather_v_async(partials_.raw(), static_cast<size_t>(partials_.numel()),
+                                                    DType::f32, block_bounds_);
+    partials_work_->order_before(rep_.stream());
   }
   be.sum_in_order_into(partials_, stats_.view(kGradSquares, {1}));
-  be.read_to_host(stats_, host, [&] {
-    if (metrics) metrics->check();
-    if (partials) partials->check();
+  ops::Backend::StepGateAt at;
+  at.loss = kLoss;
+  at.bad_label = kBadLabel;
+  at.nonfinite = kNonFinite;
+  at.grad_squares = kGradSquares;
+  at.apply = kApply;
+  at.clip = kClip;
+  be.step_gate(stats_, at, o_.clip_grad_norm);
+}
+
+void ReplicaStep::read_step_scalars(float* host) {
+  ops::backend_for(rep_.device()).read_to_host(stats_, host, [&] {
+    if (metrics_) metrics_->check();
+    if (partials_work_) partials_work_->check();
     sync_->check();
   });
 }

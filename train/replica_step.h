@@ -19,7 +19,11 @@
 // Mixed precision: the loss is also multiplied by the loss scale; apply() unscales the
 // all-reduced gradients and checks them for inf/NaN in one pass, so every replica reaches the
 // same verdict. An overflowing step is skipped: no parameter, optimizer state or step count
-// changes, and the returned StepStatus says so (applied = false).
+// changes, and the returned StepStatus says so (applied = false). The verdict and the clip factor
+// are reached on the device too (Backend::step_gate) and the update is gated by it, so a replica
+// alone in the job queues its update before the one host read (the device does not wait for the
+// host between backward and update); with peers the host reads first, so a failed collective is
+// found before anything changes.
 #pragma once
 #include <array>
 #include <functional>
@@ -134,7 +138,9 @@ class ReplicaStep {
   // apply()'s steps: wait for (or order after) the gradient buckets; the one host read; the
   // sharded update's all-gather of the parameters.
   void finish_gradients();
-  void read_step_scalars(bool stop_requested, float scale, float* host);
+  void queue_step_scalars(bool stop_requested, float scale);
+  void read_step_scalars(float* host);
+  void queue_update(float lr);
   void gather_parameters();
   // The reduced gradients this replica reads: its shard in `gradients` mode, all of them otherwise.
   Tensor reduced_grads() const;
@@ -158,9 +164,11 @@ class ReplicaStep {
     kNonFinite = 5,  // summed too: sharded, each replica checks its own part of the gradients
     kReducedStats = 6,
     kGradSquares = 6,  // of the reduced gradients, from the fixed blocks: the same on every replica
-    kStatCount = 8
+    kApply = 7, kClip = 8,  // Backend::step_gate's verdict and clip factor, from the reduced values
+    kStatCount = 9
   };
   Tensor stats_;
+  parallel::WorkHandle metrics_, partials_work_;  // this step's scalar collectives (world > 1)
   std::unique_ptr<StepGraph> graph_;
   double count_ = 0;
   int micro_seen_ = 0;

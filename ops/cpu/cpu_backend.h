@@ -62,6 +62,7 @@ class CpuBackend : public Backend {
   void axpy(float alpha, const Tensor& x, const Tensor& y) override;
   void fill(const Tensor& y, float value) override;
   void scale(const Tensor& y, float alpha) override;
+  void scale_by(const Tensor& y, const Tensor& factor) override;
   void maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
                        const PoolGeom& g) override;
   void maxpool_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx,
@@ -97,7 +98,9 @@ class CpuBackend : public Backend {
                          const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd,
                          float eps, const Tensor& ratios) override;
   void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
-                   float momentum, float wd, const ChunkClasses& classes, const Tensor& copy) override;
+                   float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
+                   const Tensor& gate) override;
+  void step_gate(const Tensor& stats, const StepGateAt& at, double max_norm) override;
 
  private:
   // The bodies of the calls above that return host values; the public calls count a host sync

@@ -370,6 +370,12 @@ void CpuBackend::scale(const Tensor& y, float alpha) {
   });
 }
 
+void CpuBackend::scale_by(const Tensor& y, const Tensor& factor) {
+  if (factor.dtype() != DType::f32 || factor.numel() < 1)
+    throw ShapeError("scale_by: the factor " + factor.str() + " is not an f32 value");
+  scale(y, factor.data<float>()[0]);
+}
+
 void CpuBackend::maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
                                  const PoolGeom& g) {
   if (run_in_f32({In(x), Out(y)}, [&](auto& t) { maxpool_forward(t[0], t[1], argmax, g); })) return;

@@ -37,6 +37,9 @@ void blocks_with_copy(int64_t n, const float* p, const Tensor& copy, Update&& up
   }
 }
 
+// A skipped step's gate (Backend::SgdUpdate::gate): the update leaves everything as it was.
+bool closed(const Tensor& gate) { return gate.defined() && gate.data<float>()[0] == 0.f; }
+
 // Runs body(a, b, class) over [lo, hi) of a tensor starting at flat element c.base, cut where the
 // group class changes (a run is whole chunks but for its ends): the inner loops keep their
 // loop-invariant coefficients, as one call per group had them. `none`: the class without a table.
@@ -97,6 +100,16 @@ void CpuBackend::sum_in_order_into(const Tensor& x, const Tensor& out) {
   out.data<float>()[0] = static_cast<float>(s);
 }
 
+void CpuBackend::step_gate(const Tensor& stats, const StepGateAt& at, double max_norm) {
+  require_f32({&stats}, "step_gate");
+  for (int64_t i : {at.loss, at.bad_label, at.nonfinite, at.grad_squares, at.apply, at.clip})
+    if (i < 0 || i >= stats.numel()) throw ShapeError("step_gate: index " + std::to_string(i) + " is outside " + stats.str());
+  float* s = stats.data<float>();
+  s[at.apply] = s[at.nonfinite] == 0.f && s[at.bad_label] == 0.f && std::isfinite(s[at.loss]) ? 1.f : 0.f;
+  const double norm = std::sqrt(static_cast<double>(s[at.grad_squares]));
+  s[at.clip] = max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.f;
+}
+
 void CpuBackend::rsqrt_eps(const Tensor& x, const Tensor& y, float eps) {
   require_f32({&x, &y}, "rsqrt_eps");
   for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = 1.0f / std::sqrt(x.data<float>()[i] + eps);
@@ -107,6 +120,8 @@ void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Ten
   require_f32({&params, &grads, &momentum}, "sgd_update");
   require_copy(copy, params, "sgd_update");
   check_chunk_classes(classes, params, DType::u8, false, "sgd_update");
+  check_gate(u.gate, params, "sgd_update");
+  if (closed(u.gate)) return;
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* buf = momentum.data<float>();
@@ -131,6 +146,8 @@ void CpuBackend::adamw_update(const Tensor& params, const Tensor& grads, const T
   require_f32({&params, &grads, &m1, &m2}, "adamw_update");
   require_copy(copy, params, "adamw_update");
   check_chunk_classes(classes, params, DType::u8, false, "adamw_update");
+  check_gate(u.gate, params, "adamw_update");
+  if (closed(u.gate)) return;
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* m = m1.data<float>();
@@ -173,10 +190,12 @@ void CpuBackend::lars_trust_ratios(const Tensor& params, const Tensor& grads,
 
 void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Tensor& momentum, float lr,
                              const Tensor& ratios, float mom, float wd, const ChunkClasses& classes,
-                             const Tensor& copy) {
+                             const Tensor& copy, const Tensor& gate) {
   require_f32({&params, &grads, &momentum}, "lars_update");
   require_copy(copy, params, "lars_update");
   check_chunk_classes(classes, params, DType::i32, true, "lars_update");
+  check_gate(gate, params, "lars_update");
+  if (closed(gate)) return;
   if (ratios.defined()) require_f32({&ratios}, "lars_update");
   float* p = params.data<float>();
   const float* g = grads.data<float>();

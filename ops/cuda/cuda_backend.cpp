@@ -66,6 +66,8 @@ cuk::DPtr copy_ptr(const Tensor& copy, const Tensor& p, const char* who) {
                      p.str());
   return dp(copy);
 }
+// The update's gate (null when there is none).
+const float* gate_ptr(const Tensor& gate) { return gate.defined() ? gate.data<float>() : nullptr; }
 // The group table's entries (null when there is none).
 static_assert(ops::kParamChunk == (1 << cuk::kChunkShift), "the kernels' chunk is the flat buffer's");
 template <typename T>
@@ -577,6 +579,12 @@ class CudaBackend final : public Backend {
     cuk::fill(dp(y), value, y.numel(), stream());
   }
   void scale(const Tensor& y, float alpha) override { cuk::scale(dp(y), alpha, y.numel(), stream()); }
+  void scale_by(const Tensor& y, const Tensor& factor) override {
+    require_f32(y, "scale_by");
+    if (factor.dtype() != DType::f32 || factor.numel() < 1)
+      throw ShapeError("scale_by: the factor " + factor.str() + " is not an f32 value");
+    cuk::scale_by(y.data<float>(), y.numel(), factor.data<float>(), stream());
+  }
 
   void maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax, const PoolGeom& g) override {
     cuk::maxpool_forward(dp(x), dp(y), argmax.data<int32_t>(), as_int(g.N, "maxpool"), as_int(g.H, "maxpool"),
@@ -782,17 +790,19 @@ class CudaBackend final : public Backend {
                   const ChunkClasses& classes, const Tensor& copy) override {
     for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "sgd_update");
     check_chunk_classes(classes, p, DType::u8, false, "sgd_update");
+    check_gate(u.gate, p, "sgd_update");
     cuk::sgd_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), table<uint8_t>(classes),
                     classes.base, u.lr, u.momentum, u.coupled_wd, u.decoupled_wd, u.nesterov, u.first,
-                    copy_ptr(copy, p, "sgd_update"), stream());
+                    copy_ptr(copy, p, "sgd_update"), gate_ptr(u.gate), stream());
   }
   void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u,
                     const ChunkClasses& classes, const Tensor& copy) override {
     for (const Tensor* t : {&p, &g, &m, &v}) require_f32(*t, "adamw_update");
     check_chunk_classes(classes, p, DType::u8, false, "adamw_update");
+    check_gate(u.gate, p, "adamw_update");
     cuk::adamw_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(),
                       table<uint8_t>(classes), classes.base, u.beta1, u.beta2, u.eps, u.decay, u.step_size,
-                      u.inv_sqrt_bc2, copy_ptr(copy, p, "adamw_update"), stream());
+                      u.inv_sqrt_bc2, copy_ptr(copy, p, "adamw_update"), gate_ptr(u.gate), stream());
   }
   void lars_trust_ratios(const Tensor& params, const Tensor& grads,
                          const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd, float eps,
@@ -808,13 +818,23 @@ class CudaBackend final : public Backend {
   // The table's entries name ratios: the caller (optim::Lars) builds both, so the kernel trusts
   // them (checking each entry would be a pass over the table).
   void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
-                   float momentum, float wd, const ChunkClasses& classes, const Tensor& copy) override {
+                   float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
+                   const Tensor& gate) override {
     for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "lars_update");
     check_chunk_classes(classes, p, DType::i32, true, "lars_update");
+    check_gate(gate, p, "lars_update");
     if (ratios.defined()) require_f32(ratios, "lars_update");
     cuk::lars_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), table<int32_t>(classes),
                      classes.base, lr, ratios.defined() ? ratios.data<float>() : nullptr, momentum, wd,
-                     copy_ptr(copy, p, "lars_update"), stream());
+                     copy_ptr(copy, p, "lars_update"), gate_ptr(gate), stream());
+  }
+  void step_gate(const Tensor& stats, const StepGateAt& at, double max_norm) override {
+    require_f32(stats, "step_gate");
+    for (int64_t i : {at.loss, at.bad_label, at.nonfinite, at.grad_squares, at.apply, at.clip})
+      if (i < 0 || i >= stats.numel())
+        throw ShapeError("step_gate: index " + std::to_string(i) + " is outside " + stats.str());
+    cuk::step_gate(stats.data<float>(), at.loss, at.bad_label, at.nonfinite, at.grad_squares, at.apply, at.clip,
+                   max_norm, stream());
   }
 
  private:

@@ -319,6 +319,21 @@ __global__ void k_unscale_check(float* g, int64_t n, float inv, Flag* nonfinite)
 
 // ---- optimizers -------------------------------------------------------------------------------
 
+// One thread: the step's verdict and clip factor from its scalars (Backend::step_gate; the CPU's
+// formula, in double for the norm).
+__global__ void k_step_gate(float* s, int64_t loss, int64_t bad_label, int64_t nonfinite, int64_t grad_squares,
+                            int64_t apply, int64_t clip, double max_norm) {
+  s[apply] = s[nonfinite] == 0.f && s[bad_label] == 0.f && isfinite(s[loss]) ? 1.f : 0.f;
+  const double norm = sqrt(static_cast<double>(s[grad_squares]));
+  s[clip] = max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.f;
+}
+
+__global__ void k_scale_by(float* y, int64_t n, const float* factor) {
+  const float f = *factor;
+  GRID_STRIDE(i, n) y[i] *= f;
+}
+
+
 // Each update stores the new parameter and, when `copy` is given, its rounding into the 16-bit
 // compute copy (st: cast's rounding): the copy costs 2 bytes written, not another pass.
 __device__ __forceinline__ void store_param(float* p, DPtr copy, int64_t i, float v) {
@@ -330,7 +345,8 @@ __device__ __forceinline__ void store_param(float* p, DPtr copy, int64_t i, floa
 // chunk's entry in the group table (one byte or int per 16 elements, read by 16 neighbouring
 // threads at once), chosen by selects, so each element computes what a call per group computed.
 __global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
-                      float m, float cwd_, float dwd_, bool nesterov, bool first, DPtr copy) {
+                      float m, float cwd_, float dwd_, bool nesterov, bool first, DPtr copy, const float* gate) {
+  if (gate && *gate == 0.f) return;  // a skipped step (step_gate)
   GRID_STRIDE(i, n) {
     const bool decay = !cls || cls[(base + i) >> kChunkShift] != 0;
     const float cwd = decay ? cwd_ : 0.f, dwd = decay ? dwd_ : 0.f;
@@ -346,7 +362,9 @@ __global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, const uin
 }
 
 __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
-                        float b1, float b2, float eps, float decay_, float step, float inv_sqrt_bc2, DPtr copy) {
+                        float b1, float b2, float eps, float decay_, float step, float inv_sqrt_bc2, DPtr copy,
+                        const float* gate) {
+  if (gate && *gate == 0.f) return;
   GRID_STRIDE(i, n) {
     const float decay = !cls || cls[(base + i) >> kChunkShift] != 0 ? decay_ : 1.f;
     const float gi = g[i];
@@ -360,7 +378,8 @@ __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n,
 }
 
 __global__ void k_lars(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
-                       const float* ratios, float m, float wd_, DPtr copy) {
+                       const float* ratios, float m, float wd_, DPtr copy, const float* gate) {
+  if (gate && *gate == 0.f) return;
   GRID_STRIDE(i, n) {
     const int32_t k = cls[(base + i) >> kChunkShift];
     const float scaled = k >= 0 ? lr * ratios[k] : lr;
@@ -1130,18 +1149,25 @@ void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaS
 }
 
 void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
-                float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, cudaStream_t s) {
-  LAUNCH(k_sgd, n, s, p, g, buf, n, cls, base, lr, momentum, cwd, dwd, nesterov, first, copy);
+                float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, const float* gate,
+                cudaStream_t s) {
+  LAUNCH(k_sgd, n, s, p, g, buf, n, cls, base, lr, momentum, cwd, dwd, nesterov, first, copy, gate);
 }
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
                   float beta1, float beta2, float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy,
-                  cudaStream_t s) {
-  LAUNCH(k_adamw, n, s, p, g, m, v, n, cls, base, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2, copy);
+                  const float* gate, cudaStream_t s) {
+  LAUNCH(k_adamw, n, s, p, g, m, v, n, cls, base, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2, copy, gate);
 }
 void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
-                 const float* ratios, float momentum, float wd, DPtr copy, cudaStream_t s) {
-  LAUNCH(k_lars, n, s, p, g, buf, n, cls, base, lr, ratios, momentum, wd, copy);
+                 const float* ratios, float momentum, float wd, DPtr copy, const float* gate, cudaStream_t s) {
+  LAUNCH(k_lars, n, s, p, g, buf, n, cls, base, lr, ratios, momentum, wd, copy, gate);
 }
+void step_gate(float* stats, int64_t loss, int64_t bad_label, int64_t nonfinite, int64_t grad_squares, int64_t apply,
+               int64_t clip, double max_norm, cudaStream_t s) {
+  k_step_gate<<<1, 1, 0, s>>>(stats, loss, bad_label, nonfinite, grad_squares, apply, clip, max_norm);
+  check_launch("k_step_gate");
+}
+void scale_by(float* y, int64_t n, const float* factor, cudaStream_t s) { LAUNCH(k_scale_by, n, s, y, n, factor); }
 void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
                  float trust, float wd, float eps, float* out, cudaStream_t s) {
   if (segments <= 0) return;

@@ -53,14 +53,20 @@ void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaS
 // `cls`: the parameter groups' table (ops::ChunkClasses), entry (base + i) >> kChunkShift for
 // element i; sgd/adamw: null = every element decays.
 constexpr int kChunkShift = 4;  // ops::kParamChunk = 16 elements per entry
+// `gate` (null: none): 0 at run time leaves everything as it was (Backend::step_gate's verdict).
 void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
-                float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, cudaStream_t s);
+                float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, const float* gate,
+                cudaStream_t s);
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
                   float beta1, float beta2, float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy,
-                  cudaStream_t s);
+                  const float* gate, cudaStream_t s);
 // class k >= 0: lr * ratios[k] and wd; -1: lr, no decay.
 void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
-                 const float* ratios, float momentum, float wd, DPtr copy, cudaStream_t s);
+                 const float* ratios, float momentum, float wd, DPtr copy, const float* gate, cudaStream_t s);
+// Backend::step_gate over the f32 scalars `stats` (indices into it), one thread.
+void step_gate(float* stats, int64_t loss, int64_t bad_label, int64_t nonfinite, int64_t grad_squares, int64_t apply,
+               int64_t clip, double max_norm, cudaStream_t s);
+void scale_by(float* y, int64_t n, const float* factor, cudaStream_t s);  // y *= *factor (f32)
 // out[i] = LARS trust ratio of segment i (offsets/counts in device memory), as the CPU backend.
 void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
                  float trust, float wd, float eps, float* out, cudaStream_t s);

@@ -535,8 +535,9 @@ TEST_P(BackendConformanceF32, Optimizers) {
 // Every parameter group of the flat buffer in one call (ops::ChunkClasses): on each backend the
 // bits of one call per group with that group's coefficients, for a range that starts inside a
 // chunk (a shard's), a table with both classes and three trust ratios, and the 16-bit copy; the
-// candidate within f32 rounding of the reference. A table of the wrong type or too short, and
-// LARS without one, are ShapeErrors naming the op.
+// candidate within f32 rounding of the reference. Gated by a device value (a step's verdict): 1
+// gives the ungated bits, 0 leaves parameters, state and copy untouched. A table of the wrong
+// type or too short, and LARS without one, are ShapeErrors naming the op.
 TEST_P(BackendConformanceF32, OptimizerGroupTableMatchesACallPerGroup) {
   struct Group {
     int64_t lo, hi;
@@ -565,11 +566,12 @@ TEST_P(BackendConformanceF32, OptimizerGroupTableMatchesACallPerGroup) {
       const Tensor ratios = s->put({0.5f, 2.f, 0.25f}, {3});
       // update(p, g, state, lo, count, table): [lo, lo + count) of the range, flat element base + lo.
       auto update = [&](const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& v, const Tensor& copy,
-                        const ops::ChunkClasses& cls, bool decays) {
+                        const ops::ChunkClasses& cls, bool decays, const Tensor& gate = Tensor()) {
         ops::Backend::SgdUpdate su;
         su.lr = 0.1f;
         su.momentum = 0.9f;
         su.nesterov = op == "sgd";
+        su.gate = gate;
         if (op == "sgd-decoupled") su.decoupled_wd = decays ? 0.1f * 5e-4f : 0.f;
         else su.coupled_wd = decays ? 5e-4f : 0.f;
         ops::Backend::AdamWUpdate au;
@@ -579,13 +581,14 @@ TEST_P(BackendConformanceF32, OptimizerGroupTableMatchesACallPerGroup) {
         au.decay = decays ? 1.f - 0.1f * 1e-2f : 1.f;
         au.step_size = 0.1f / 0.19f;
         au.inv_sqrt_bc2 = 1.f / std::sqrt(0.001999f);
+        au.gate = gate;
         if (op == "adamw") s->be->adamw_update(p, g, b, v, au, cls, copy);
-        else if (op == "lars") s->be->lars_update(p, g, b, 0.1f, ratios, 0.9f, 5e-5f, cls, copy);
+        else if (op == "lars") s->be->lars_update(p, g, b, 0.1f, ratios, 0.9f, 5e-5f, cls, copy, gate);
         else s->be->sgd_update(p, g, b, su, cls, copy);
       };
-      Tensor p[2], b[2], v[2], c[2];
+      Tensor p[4], b[4], v[4], c[4];
       const Tensor g = s->put(g0, {n});
-      for (int k = 0; k < 2; ++k) {
+      for (int k = 0; k < 4; ++k) {
         p[k] = s->put(p0, {n});
         b[k] = s->put(b0, {n});
         v[k] = s->put(v0, {n});
@@ -606,10 +609,20 @@ TEST_P(BackendConformanceF32, OptimizerGroupTableMatchesACallPerGroup) {
         update(p[1].view(lo, {cnt}), g.view(lo, {cnt}), b[1].view(lo, {cnt}), v[1].view(lo, {cnt}),
                c[1].view(lo, {cnt}), one, grp.decay);
       }
+      const ops::ChunkClasses cls{op == "lars" ? i32 : u8, base};
+      s->be->cast(p[3], c[3]);  // the copy a closed gate must leave as it is
+      const std::string c3 = tensor_to_bytes(c[3]);
+      update(p[2], g, b[2], v[2], c[2], cls, true, s->put({1.f}, {1}));
+      update(p[3], g, b[3], v[3], c[3], cls, true, s->put({0.f}, {1}));
       for (auto* t : {&p, &b, &v, &c}) {
         EXPECT_EQ(tensor_to_bytes((*t)[0]), tensor_to_bytes((*t)[1]))
             << op << " on " << s->be->name() << ": one call with the table against one call per group";
+        EXPECT_EQ(tensor_to_bytes((*t)[0]), tensor_to_bytes((*t)[2])) << op << ": gate 1 against no gate";
       }
+      EXPECT_EQ(host_floats(p[3]), p0) << op << ": gate 0 moved the parameters";
+      EXPECT_EQ(host_floats(b[3]), b0) << op << ": gate 0 moved the state";
+      EXPECT_EQ(host_floats(v[3]), v0) << op;
+      EXPECT_EQ(tensor_to_bytes(c[3]), c3) << op << ": gate 0 wrote the copy";
       one_call[side] = host_floats(p[0]);
       const auto bs = host_floats(b[0]);
       one_call[side].insert(one_call[side].end(), bs.begin(), bs.end());
@@ -625,6 +638,58 @@ TEST_P(BackendConformanceF32, OptimizerGroupTableMatchesACallPerGroup) {
     }
     EXPECT_LE(replica::testing::max_rel_diff(one_call[1], one_call[0]), 1e-6) << op;
   }
+}
+
+// The training step's verdict on the device (Backend::step_gate) and the clip by a factor the host
+// has not read (scale_by): every case of the host's verdict, the same bits on both backends, and
+// scale_by the bits of scale by the same factor.
+TEST_P(BackendConformanceF32, StepGateAndScaleBy) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  ops::Backend::StepGateAt at;
+  at.loss = 0;
+  at.bad_label = 1;
+  at.nonfinite = 2;
+  at.grad_squares = 3;
+  at.apply = 4;
+  at.clip = 5;
+  struct Case {
+    std::vector<float> s;  // loss, bad label, non-finite, squared norm
+    double max_norm;
+    float apply, clip;
+  };
+  const std::vector<Case> cases = {
+      {{1.5f, 0, 0, 4.f}, 1.0, 1.f, static_cast<float>(1.0 / (2.0 + 1e-6))},  // clipped
+      {{1.5f, 0, 0, 4.f}, 3.0, 1.f, 1.f},                                    // under the bound
+      {{1.5f, 0, 0, 4.f}, 0.0, 1.f, 1.f},                                    // no clipping
+      {{1.5f, 0, 1.f, 4.f}, 1.0, 0.f, static_cast<float>(1.0 / (2.0 + 1e-6))},  // non-finite gradients
+      {{1.5f, 2.f, 0, 4.f}, 0.0, 0.f, 1.f},                                  // a bad label
+      {{inf, 0, 0, 4.f}, 0.0, 0.f, 1.f},                                     // an infinite loss
+      {{nan, 0, 0, inf}, 1.0, 0.f, 0.f},                                     // NaN loss, infinite norm: max / inf
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    std::vector<float> got[2];
+    int i = 0;
+    for (Side* sd : {cpu.get(), cand.get()}) {
+      std::vector<float> v = cases[k].s;
+      v.push_back(-1.f);
+      v.push_back(-1.f);
+      Tensor t = sd->put(v, {6});
+      sd->be->step_gate(t, at, cases[k].max_norm);
+      got[i++] = host_floats(t);
+    }
+    EXPECT_EQ(got[0][4], cases[k].apply) << "case " << k;
+    EXPECT_EQ(got[0][5], cases[k].clip) << "case " << k;
+    auto bits = [](const std::vector<float>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); };
+    EXPECT_EQ(bits(got[0]), bits(got[1])) << "case " << k << ": candidate against reference";
+  }
+  auto yv = randv(4099, 71, -3.f, 3.f);
+  for (Side* sd : {cpu.get(), cand.get()}) {
+    Tensor a = sd->put(yv, {4099}), b = sd->put(yv, {4099});
+    sd->be->scale(a, 0.37f);
+    sd->be->scale_by(b, sd->put({0.37f}, {1}));
+    EXPECT_EQ(tensor_to_bytes(a), tensor_to_bytes(b)) << "scale_by against scale on " << sd->be->name();
+  }
+  EXPECT_THROW(cpu->be->step_gate(cpu->put({0, 0, 0}, {3}), at, 1.0), ShapeError);
 }
 
 INSTANTIATE_TEST_SUITE_P(F32, BackendConformanceF32,

@@ -88,6 +88,61 @@ TEST(MixedPrecision, OverflowOnOneReplicaSkipsEverywhereAndChangesNothing) {
   EXPECT_EQ(scales[1], 512.f);
 }
 
+// One replica queues its update before the host reads the step's scalars, gated by the device's
+// verdict (Backend::step_gate): an overflowing first step changes nothing, not even the step count
+// that SGD's first momentum and AdamW's bias correction read, and the next step is the bits of a
+// fresh optimizer's first step on the same parameters and gradients.
+TEST(MixedPrecision, OneReplicaSkipsOnTheDeviceAndCountsOnlyAppliedSteps) {
+  parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
+  for (const std::string name : {"sgd", "adamw"}) {
+    group.run([&](parallel::Replica& rep) {
+      auto model = tiny_resnet();
+      model->materialize(rep.pool(), 1, DType::f16);
+      auto make = [&]() -> std::unique_ptr<optim::Optimizer> {
+        if (name == "adamw") return std::make_unique<optim::AdamW>(model->registry(), model->num_params(), rep.pool(),
+                                                                   optim::AdamWOptions{});
+        return std::make_unique<optim::Sgd>(model->registry(), model->num_params(), rep.pool(),
+                                            optim::SgdOptions{.momentum = 0.9f});
+      };
+      auto opt = make();
+      optim::DynamicLossScaler scaler({.init_scale = 1024.f});
+      train::ReplicaStep rs(rep, *model, *opt,
+                            {.accumulation = 1, .micro_batch = 8, .activations = DType::f16, .scaler = &scaler});
+      Tensor x, y;
+      auto step = [&](bool plant) {
+        random_batch(rep.pool(), 8, 21, x, y);
+        if (plant) x.data<float>()[5] = 1e6f;  // inf in the first fp16 activations
+        rs.zero_grad();
+        rs.micro_step(x, y, true);
+        return rs.apply(0.1f);
+      };
+      const auto p0 = copy_of(model->params());
+      const std::vector<char> c0(static_cast<char*>(model->compute_copy().raw()),
+                                 static_cast<char*>(model->compute_copy().raw()) + model->compute_copy().nbytes());
+      const train::StepStatus skipped = step(true);
+      EXPECT_FALSE(skipped.applied) << name;
+      EXPECT_EQ(skipped.step, 0) << name;
+      EXPECT_EQ(opt->steps(), 0) << name << ": a skipped step is not counted";
+      EXPECT_FALSE(opt->pending()) << name;
+      EXPECT_EQ(copy_of(model->params()), p0) << name << ": the gate left the parameters";
+      for (Tensor* t : opt->state()) EXPECT_EQ(copy_of(*t), std::vector<float>(t->numel(), 0.f)) << name;
+      EXPECT_EQ(0, std::memcmp(model->compute_copy().raw(), c0.data(), c0.size())) << name << ": and the fp16 copy";
+      const train::StepStatus next = step(false);
+      EXPECT_TRUE(next.applied) << name;
+      EXPECT_EQ(next.step, 1) << name;
+      EXPECT_EQ(opt->steps(), 1) << name;
+      // The same first step by a fresh optimizer from the same parameters and gradients.
+      Tensor ref = Tensor::empty(rep.pool(), {model->num_params()}, DType::f32, MemTag::params);
+      std::memcpy(ref.raw(), p0.data(), p0.size() * sizeof(float));
+      auto fresh = make();
+      fresh->step(ref, model->grads(), 0.1f);
+      EXPECT_EQ(copy_of(ref), copy_of(model->params())) << name << ": the step after the skip is a first step";
+      for (size_t k = 0; k < opt->state().size(); ++k)
+        EXPECT_EQ(copy_of(*fresh->state()[k]), copy_of(*opt->state()[k])) << name << ": state " << k;
+    });
+  }
+}
+
 namespace {
 // An identity layer whose backward, when told to, writes +inf into the gradient it passes on:
 // a non-finite gradient on one replica only, while every loss stays finite.
