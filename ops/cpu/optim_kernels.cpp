@@ -122,20 +122,25 @@ void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Ten
   check_chunk_classes(classes, params, DType::u8, false, "sgd_update");
   check_gate(u.gate, params, "sgd_update");
   if (closed(u.gate)) return;
-  float* p = params.data<float>();
-  const float* g = grads.data<float>();
-  float* buf = momentum.data<float>();
-  const float m = u.momentum;
+  // Locals and restrict: the loops vectorise (read through `u` and possibly aliased pointers,
+  // every store reloaded the coefficients: 36% of the copy rate on ResNet-50's buffer).
+  float* __restrict p = params.data<float>();
+  const float* __restrict g = grads.data<float>();
+  float* __restrict buf = momentum.data<float>();
+  const float m = u.momentum, lr = u.lr;
+  const bool first = u.first, nesterov = u.nesterov;
   blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
-    class_runs<uint8_t>(classes, lo, hi, 1, [&](int64_t a, int64_t b, uint8_t decay) {
+    class_runs<uint8_t>(classes, lo, hi, 1, [&](int64_t a, int64_t e, uint8_t decay) {
       const float cwd = decay ? u.coupled_wd : 0.f, dwd = decay ? u.decoupled_wd : 0.f;
-      for (int64_t i = a; i < b; ++i) {
-        float d = g[i] + cwd * p[i];
-        if (m != 0.f) {
-          buf[i] = u.first ? d : m * buf[i] + d;
-          d = u.nesterov ? d + m * buf[i] : buf[i];
-        }
-        p[i] -= u.lr * d + dwd * p[i];
+      if (m == 0.f) {
+        for (int64_t i = a; i < e; ++i) p[i] -= lr * (g[i] + cwd * p[i]) + dwd * p[i];
+        return;
+      }
+      for (int64_t i = a; i < e; ++i) {
+        const float d = g[i] + cwd * p[i];
+        const float b = first ? d : m * buf[i] + d;
+        buf[i] = b;
+        p[i] -= lr * (nesterov ? d + m * b : b) + dwd * p[i];
       }
     });
   });
@@ -148,18 +153,21 @@ void CpuBackend::adamw_update(const Tensor& params, const Tensor& grads, const T
   check_chunk_classes(classes, params, DType::u8, false, "adamw_update");
   check_gate(u.gate, params, "adamw_update");
   if (closed(u.gate)) return;
-  float* p = params.data<float>();
-  const float* g = grads.data<float>();
-  float* m = m1.data<float>();
-  float* v = m2.data<float>();
+  float* __restrict p = params.data<float>();
+  const float* __restrict g = grads.data<float>();
+  float* __restrict m = m1.data<float>();
+  float* __restrict v = m2.data<float>();
+  const float b1 = u.beta1, b2 = u.beta2, step = u.step_size, ibc2 = u.inv_sqrt_bc2, eps = u.eps;
   blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
-    class_runs<uint8_t>(classes, lo, hi, 1, [&](int64_t a, int64_t b, uint8_t decay) {
+    class_runs<uint8_t>(classes, lo, hi, 1, [&](int64_t a, int64_t e, uint8_t decay) {
       const float dc = decay ? u.decay : 1.f;
-      for (int64_t i = a; i < b; ++i) {
-        p[i] *= dc;
-        m[i] = u.beta1 * m[i] + (1.f - u.beta1) * g[i];
-        v[i] = u.beta2 * v[i] + (1.f - u.beta2) * g[i] * g[i];
-        p[i] -= u.step_size * m[i] / (std::sqrt(v[i]) * u.inv_sqrt_bc2 + u.eps);
+      for (int64_t i = a; i < e; ++i) {
+        const float pi = p[i] * dc;
+        const float mi = b1 * m[i] + (1.f - b1) * g[i];
+        const float vi = b2 * v[i] + (1.f - b2) * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - step * mi / (std::sqrt(vi) * ibc2 + eps);
       }
     });
   });
@@ -197,9 +205,9 @@ void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Te
   check_gate(gate, params, "lars_update");
   if (closed(gate)) return;
   if (ratios.defined()) require_f32({&ratios}, "lars_update");
-  float* p = params.data<float>();
-  const float* g = grads.data<float>();
-  float* buf = momentum.data<float>();
+  float* __restrict p = params.data<float>();
+  const float* __restrict g = grads.data<float>();
+  float* __restrict buf = momentum.data<float>();
   blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
     class_runs<int32_t>(classes, lo, hi, -1, [&](int64_t a, int64_t b, int32_t k) {
       if (k >= 0 && (!ratios.defined() || k >= ratios.numel()))
@@ -208,8 +216,9 @@ void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Te
       const float scaled_lr = k >= 0 ? lr * ratios.data<float>()[k] : lr;
       const float w = k >= 0 ? wd : 0.f;
       for (int64_t i = a; i < b; ++i) {
-        buf[i] = mom * buf[i] + scaled_lr * (g[i] + w * p[i]);
-        p[i] -= buf[i];
+        const float bi = mom * buf[i] + scaled_lr * (g[i] + w * p[i]);
+        buf[i] = bi;
+        p[i] -= bi;
       }
     });
   });

@@ -5,9 +5,11 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "core/cuda/check.h"
+#include "core/errors.h"
 #include "ops/cuda/kernels.h"
 
 namespace replica::ops::cuk {
@@ -388,6 +390,101 @@ __global__ void k_lars(float* p, const float* g, float* buf, int64_t n, const in
     const float b = m * buf[i] + scaled * (g[i] + wd * pi);
     buf[i] = b;
     store_param(p, copy, i, pi - b);
+  }
+}
+
+// The same three updates, 8 elements a thread in 16-byte accesses (the parameters, gradients and
+// state two float4s each, the 16-bit copy one 16-byte store), the copy's type a template
+// parameter: the scalar kernels above read and write one 4-byte word per thread and access, and
+// round into the copy through a run-time switch. Each element computes what the scalar kernel
+// computes, so the bits are the same. Used when every buffer is 16-byte aligned and the range's
+// first flat element is a multiple of 8 (8 elements never straddle a group-table chunk); the
+// scalar kernels take the rest and the tail.
+template <typename T>
+__device__ __forceinline__ void store_params8(float* p, T* copy, int64_t i, const float (&v)[kVec]) {
+  store8(p + i, v);
+  if (copy) store8(copy + i, v);
+}
+
+template <typename T>
+__global__ void k_sgd8(float* p, const float* g, float* buf, int64_t nv, const uint8_t* cls, int64_t base, float lr,
+                       float m, float cwd_, float dwd_, bool nesterov, bool first, T* copy, const float* gate) {
+  if (gate && *gate == 0.f) return;
+  GRID_STRIDE(v, nv) {
+    const int64_t i = v * kVec;
+    const bool decay = !cls || cls[(base + i) >> kChunkShift] != 0;
+    const float cwd = decay ? cwd_ : 0.f, dwd = decay ? dwd_ : 0.f;
+    float pv[kVec], gv[kVec], bv[kVec];
+    load8(p + i, pv);
+    load8(g + i, gv);
+    if (m != 0.f && !first) load8(buf + i, bv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float pi = pv[j];
+      float d = gv[j] + cwd * pi;
+      if (m != 0.f) {
+        const float b = first ? d : m * bv[j] + d;
+        bv[j] = b;
+        d = nesterov ? d + m * b : b;
+      }
+      pv[j] = pi - (lr * d + dwd * pi);
+    }
+    if (m != 0.f) store8(buf + i, bv);
+    store_params8(p, copy, i, pv);
+  }
+}
+
+template <typename T>
+__global__ void k_adamw8(float* p, const float* g, float* m, float* v, int64_t nv, const uint8_t* cls, int64_t base,
+                         float b1, float b2, float eps, float decay_, float step, float inv_sqrt_bc2, T* copy,
+                         const float* gate) {
+  if (gate && *gate == 0.f) return;
+  GRID_STRIDE(k, nv) {
+    const int64_t i = k * kVec;
+    const float decay = !cls || cls[(base + i) >> kChunkShift] != 0 ? decay_ : 1.f;
+    float pv[kVec], gv[kVec], mv[kVec], vv[kVec];
+    load8(p + i, pv);
+    load8(g + i, gv);
+    load8(m + i, mv);
+    load8(v + i, vv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float gi = gv[j];
+      const float pi = pv[j] * decay;
+      const float mi = b1 * mv[j] + (1.f - b1) * gi;
+      const float vi = b2 * vv[j] + (1.f - b2) * gi * gi;
+      mv[j] = mi;
+      vv[j] = vi;
+      pv[j] = pi - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    }
+    store8(m + i, mv);
+    store8(v + i, vv);
+    store_params8(p, copy, i, pv);
+  }
+}
+
+template <typename T>
+__global__ void k_lars8(float* p, const float* g, float* buf, int64_t nv, const int32_t* cls, int64_t base, float lr,
+                        const float* ratios, float m, float wd_, T* copy, const float* gate) {
+  if (gate && *gate == 0.f) return;
+  GRID_STRIDE(v, nv) {
+    const int64_t i = v * kVec;
+    const int32_t k = cls[(base + i) >> kChunkShift];
+    const float scaled = k >= 0 ? lr * ratios[k] : lr;
+    const float wd = k >= 0 ? wd_ : 0.f;
+    float pv[kVec], gv[kVec], bv[kVec];
+    load8(p + i, pv);
+    load8(g + i, gv);
+    load8(buf + i, bv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float pi = pv[j];
+      const float b = m * bv[j] + scaled * (gv[j] + wd * pi);
+      bv[j] = b;
+      pv[j] = pi - b;
+    }
+    store8(buf + i, bv);
+    store_params8(p, copy, i, pv);
   }
 }
 
@@ -1148,19 +1245,67 @@ void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaS
   check_launch("k_unscale_check");
 }
 
+// How many leading elements of an update go to the vector kernels: all but the n % 8 tail when
+// every buffer is 16-byte aligned and the first flat element a multiple of 8; else none.
+int64_t vector_head(int64_t n, int64_t base, DPtr copy, std::initializer_list<const void*> bufs) {
+  if (base % kVec != 0 || (copy.p && !aligned16(copy.p))) return 0;
+  for (const void* b : bufs)
+    if (!aligned16(b)) return 0;
+  return n / kVec * kVec;
+}
+DPtr offset(DPtr d, int64_t i) {
+  if (!d.p) return d;
+  return {static_cast<const char*>(d.p) + i * (d.dt == 0 ? 4 : 2), d.dt};
+}
+// Runs launch(copy pointer of type T) with the copy's storage type (none: a null float*).
+template <typename Launch>
+void with_copy_type(DPtr copy, Launch&& launch) {
+  if (!copy.p) launch(static_cast<float*>(nullptr));
+  else if (copy.dt == kF16) launch(static_cast<__half*>(copy.mut()));
+  else if (copy.dt == kBF16) launch(static_cast<__nv_bfloat16*>(copy.mut()));
+  else throw ShapeError("optimizer update: the compute copy must be f16 or bf16");
+}
+
 void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
                 float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, const float* gate,
                 cudaStream_t s) {
-  LAUNCH(k_sgd, n, s, p, g, buf, n, cls, base, lr, momentum, cwd, dwd, nesterov, first, copy, gate);
+  const int64_t h = vector_head(n, base, copy, {p, g, buf});
+  if (h > 0) {
+    with_copy_type(copy, [&](auto* c) {
+      k_sgd8<<<grid_for(h / kVec), kThreads, 0, s>>>(p, g, buf, h / kVec, cls, base, lr, momentum, cwd, dwd, nesterov,
+                                                     first, c, gate);
+    });
+    check_launch("k_sgd8");
+  }
+  LAUNCH(k_sgd, n - h, s, p + h, g + h, buf + h, n - h, cls, base + h, lr, momentum, cwd, dwd, nesterov, first,
+         offset(copy, h), gate);
 }
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
                   float beta1, float beta2, float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy,
                   const float* gate, cudaStream_t s) {
-  LAUNCH(k_adamw, n, s, p, g, m, v, n, cls, base, beta1, beta2, eps, decay, step_size, inv_sqrt_bc2, copy, gate);
+  const int64_t h = vector_head(n, base, copy, {p, g, m, v});
+  if (h > 0) {
+    with_copy_type(copy, [&](auto* c) {
+      k_adamw8<<<grid_for(h / kVec), kThreads, 0, s>>>(p, g, m, v, h / kVec, cls, base, beta1, beta2, eps, decay,
+                                                       step_size, inv_sqrt_bc2, c, gate);
+    });
+    check_launch("k_adamw8");
+  }
+  LAUNCH(k_adamw, n - h, s, p + h, g + h, m + h, v + h, n - h, cls, base + h, beta1, beta2, eps, decay, step_size,
+         inv_sqrt_bc2, offset(copy, h), gate);
 }
 void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
                  const float* ratios, float momentum, float wd, DPtr copy, const float* gate, cudaStream_t s) {
-  LAUNCH(k_lars, n, s, p, g, buf, n, cls, base, lr, ratios, momentum, wd, copy, gate);
+  const int64_t h = vector_head(n, base, copy, {p, g, buf});
+  if (h > 0) {
+    with_copy_type(copy, [&](auto* c) {
+      k_lars8<<<grid_for(h / kVec), kThreads, 0, s>>>(p, g, buf, h / kVec, cls, base, lr, ratios, momentum, wd, c,
+                                                      gate);
+    });
+    check_launch("k_lars8");
+  }
+  LAUNCH(k_lars, n - h, s, p + h, g + h, buf + h, n - h, cls, base + h, lr, ratios, momentum, wd, offset(copy, h),
+         gate);
 }
 void step_gate(float* stats, int64_t loss, int64_t bad_label, int64_t nonfinite, int64_t grad_squares, int64_t apply,
                int64_t clip, double max_norm, cudaStream_t s) {
