@@ -283,11 +283,23 @@ __global__ void k_segment_sum_squares(const float* x, const int64_t* off, const 
   if (threadIdx.x == 0) out[seg] = acc;
 }
 
-// One thread, index order: a handful of thousand block sums, the same bits every run.
+// Index order, one thread adding: a few thousand block sums (ResNet-50's gradient norm: ~6400),
+// the same bits every run. The block stages them through shared memory in coalesced tiles first,
+// so the adding thread waits on shared memory, not on a global load per element (about 0.3 ms of
+// L2 round trips for 6400 sums, one thread alone).
+constexpr int kOrderTile = 4096;
 __global__ void k_sum_in_order(const float* x, int64_t n, float* out) {
-  double acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += x[i];
-  *out = static_cast<float>(acc);
+  __shared__ float tile[kOrderTile];
+  double acc = 0;  // thread 0's
+  for (int64_t base = 0; base < n; base += kOrderTile) {
+    const int m = static_cast<int>(n - base < kOrderTile ? n - base : kOrderTile);
+    for (int i = threadIdx.x; i < m; i += blockDim.x) tile[i] = x[base + i];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int i = 0; i < m; ++i) acc += tile[i];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = static_cast<float>(acc);
 }
 
 // One block per segment: both squared norms in double, then the trust ratio (CPU: optim_kernels.cpp).
@@ -1230,7 +1242,7 @@ void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* 
 }
 
 void sum_in_order(const float* x, int64_t n, float* out, cudaStream_t s) {
-  k_sum_in_order<<<1, 1, 0, s>>>(x, n, out);
+  k_sum_in_order<<<1, kThreads, 0, s>>>(x, n, out);
   check_launch("k_sum_in_order");
 }
 

@@ -469,6 +469,17 @@ TEST_P(BackendConformanceF32, CastsReductionsAndLossScaling) {
   std::vector<std::pair<int64_t, int64_t>> segs{{0, 10}, {16, 5000}, {5016, 94980}, {100002, 1}};
   auto sc = cpu->be->segment_sum_squares(gc, segs), sg = cand->be->segment_sum_squares(gg, segs);
   for (size_t i = 0; i < segs.size(); ++i) EXPECT_NEAR(sg[i], sc[i], 1e-9 * sc[i] + 1e-12) << "segment " << i;
+  // The gradient norm's device forms: per-segment sums rounded to f32, and their sum in index
+  // order (the same bits on both: one order, one rounding), over more than one 4096-sum tile.
+  Tensor pc = cpu->empty({4}), pg = cand->empty({4});
+  cpu->be->segment_sum_squares_into(gc, segs, pc);
+  cand->be->segment_sum_squares_into(gg, segs, pg);
+  expect_close("segment_sum_squares_into", pg, pc, 1e-6);
+  auto parts = randv(10007, 25, 0.f, 5.f);
+  Tensor oc = cpu->empty({1}), og = cand->empty({1});
+  cpu->be->sum_in_order_into(cpu->put(parts, {10007}), oc);
+  cand->be->sum_in_order_into(cand->put(parts, {10007}), og);
+  EXPECT_EQ(tensor_to_bytes(og), tensor_to_bytes(oc)) << "sum_in_order_into over 10007 values";
   EXPECT_TRUE(cpu->be->unscale_check_finite(gc, 0.25f));
   EXPECT_TRUE(cand->be->unscale_check_finite(gg, 0.25f));
   expect_close("unscale (finite)", gg, gc, 0);
