@@ -237,6 +237,12 @@ for dt in bf16 fp16; do
   phase "kernels-$dt" 90 "$bin/replica" bench kernels --kind cuda --dtype "$dt"
   table+=("| memory-bound ops $dt, ResNet-50 shapes: $(grep -m1 '^# slowest' "/tmp/phase-kernels-$dt.log" | sed 's/^# //') | | | |")
 done
+# Batch norm's sums with at most one wave of resident blocks (REPLICA_BN_SUM_GRID=wave, kernels.cu)
+# beside the default grid above: the same table, and the batch-norm conformance cases on that grid.
+REPLICA_BN_SUM_GRID=wave phase kernels-bf16-wave 90 "$bin/replica" bench kernels --kind cuda --dtype bf16
+table+=("| memory-bound ops bf16, batch norm sums in one wave: $(grep -m1 '^# slowest' /tmp/phase-kernels-bf16-wave.log | sed 's/^# //') | | | |")
+REPLICA_BN_SUM_GRID=wave test_phase conformance-bn-wave 90 "$tests/test_cuda_conformance" \
+  --gtest_filter='Dtypes/BackendConformance.BatchNorm/*:Dtypes/BackendConformance.LargeShapes*'
 
 # The host's time per op of a ResNet-50 fp16 pass (issue: <= 10 us without graphs), by kind of op:
 # issuing it on the GPU, and replica's own share (a backend that computes nothing). Batch 4, so the

@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 
@@ -1332,10 +1334,41 @@ void lars_ratios(const float* w, const float* g, const int64_t* offsets, const i
   check_launch("k_lars_ratios");
 }
 
-// The vector sums' grid: enough blocks for every row lane to have about 32 rows, at most a full wave.
+// REPLICA_BN_SUM_GRID=wave: the vector sums take at most one wave of resident blocks (the SMs times
+// the backward kernel's occupancy, from the CUDA runtime), each block working through more rows:
+// fewer partial sums to write and fold, and no part-empty last wave. At 7x7x2048, batch 256
+// (12544 rows, one row lane a block), the default makes 392 blocks, 1.5 waves of an H200's 264
+// at 2 a multiprocessor, and 12.8 MB of partials; one wave writes 8.6 MB. The default ("rows",
+// about 32 rows a row lane) is the form measured on 2026-12-04 (42-86% of the copy rate) until
+// gpu-check has measured both side by side (its kernels-bf16-wave phase). Read once.
+bool bn_sum_grid_wave() {
+  static const bool wave = [] {
+    const char* v = std::getenv("REPLICA_BN_SUM_GRID");
+    return v != nullptr && std::string(v) == "wave";
+  }();
+  return wave;
+}
+int bn_resident_blocks() {
+  static std::atomic<int> cached[64];  // per device index; 0: not yet asked
+  int dev = 0;
+  REPLICA_CUDA_CHECK(cudaGetDevice(&dev));
+  std::atomic<int>& slot = cached[dev & 63];
+  if (const int v = slot.load(std::memory_order_relaxed)) return v;
+  int sms = 0, per_sm = 0;
+  REPLICA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  REPLICA_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_bn_sums8<__nv_bfloat16, true>, kThreads, 0));
+  const int v = std::max(1, sms * std::max(1, per_sm));
+  slot.store(v, std::memory_order_relaxed);
+  return v;
+}
+// The vector sums' grid: enough blocks for every row lane to have about 32 rows, at most
+// kBnSumBlocks (or, with REPLICA_BN_SUM_GRID=wave, one wave of resident blocks).
 int bn_sum_blocks(int64_t M, int C) {
   const int64_t lanes = kThreads / std::max(1, C / kVec);
-  return static_cast<int>(std::clamp<int64_t>((M + lanes * 32 - 1) / (lanes * 32), 1, kBnSumBlocks));
+  int64_t blocks = std::clamp<int64_t>((M + lanes * 32 - 1) / (lanes * 32), 1, kBnSumBlocks);
+  if (bn_sum_grid_wave()) blocks = std::min<int64_t>(blocks, bn_resident_blocks());
+  return static_cast<int>(blocks);
 }
 // The vector apply passes' grid: at most a few waves, so each thread works through many rows with
 // the per-channel coefficients it set up once (a thread per row spent more on that set-up, with
