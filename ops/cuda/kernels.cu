@@ -360,60 +360,83 @@ __device__ __forceinline__ void store_param(float* p, DPtr copy, int64_t i, floa
 // Every group of the flat buffer in one launch: an element's group coefficients come from its
 // chunk's entry in the group table (one byte or int per 16 elements, read by 16 neighbouring
 // threads at once), chosen by selects, so each element computes what a call per group computed.
+// The per-element pieces are shared by the scalar kernels and the 16-byte vector ones below, so
+// the two give the same bits.
+__device__ __forceinline__ bool closed(const float* gate) { return gate && *gate == 0.f; }  // a skipped step
+__device__ __forceinline__ bool decays(const uint8_t* cls, int64_t base, int64_t i) {
+  return !cls || cls[(base + i) >> kChunkShift] != 0;
+}
+// LARS: the element's learning rate times its trust ratio, and its weight decay (none unadapted).
+__device__ __forceinline__ float2 lars_coefficients(const int32_t* cls, int64_t base, int64_t i, float lr,
+                                                   const float* ratios, float wd) {
+  const int32_t k = cls[(base + i) >> kChunkShift];
+  return k >= 0 ? make_float2(lr * ratios[k], wd) : make_float2(lr, 0.f);
+}
+// One element's update: the new parameter, its state updated in place (PyTorch's order of
+// operations, as ops/cpu/optim_kernels.cpp).
+__device__ __forceinline__ float sgd_one(float p, float g, float& b, float lr, float m, float cwd, float dwd,
+                                         bool nesterov, bool first) {
+  float d = g + cwd * p;
+  if (m != 0.f) {
+    b = first ? d : m * b + d;
+    d = nesterov ? d + m * b : b;
+  }
+  return p - (lr * d + dwd * p);
+}
+__device__ __forceinline__ float adamw_one(float p, float g, float& m, float& v, float b1, float b2, float eps,
+                                           float decay, float step, float inv_sqrt_bc2) {
+  const float pd = p * decay;
+  m = b1 * m + (1.f - b1) * g;
+  v = b2 * v + (1.f - b2) * g * g;
+  return pd - step * m / (sqrtf(v) * inv_sqrt_bc2 + eps);
+}
+__device__ __forceinline__ float lars_one(float p, float g, float& b, float2 c, float m) {
+  b = m * b + c.x * (g + c.y * p);
+  return p - b;
+}
+
 __global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
-                      float m, float cwd_, float dwd_, bool nesterov, bool first, DPtr copy, const float* gate) {
-  if (gate && *gate == 0.f) return;  // a skipped step (step_gate)
+                      float m, float cwd, float dwd, bool nesterov, bool first, DPtr copy, const float* gate) {
+  if (closed(gate)) return;
   GRID_STRIDE(i, n) {
-    const bool decay = !cls || cls[(base + i) >> kChunkShift] != 0;
-    const float cwd = decay ? cwd_ : 0.f, dwd = decay ? dwd_ : 0.f;
-    const float pi = p[i];
-    float d = g[i] + cwd * pi;
-    if (m != 0.f) {
-      const float b = first ? d : m * buf[i] + d;
-      buf[i] = b;
-      d = nesterov ? d + m * b : b;
-    }
-    store_param(p, copy, i, pi - (lr * d + dwd * pi));
+    const bool d = decays(cls, base, i);
+    float b = m != 0.f && !first ? buf[i] : 0.f;  // the first step starts the buffer
+    const float v = sgd_one(p[i], g[i], b, lr, m, d ? cwd : 0.f, d ? dwd : 0.f, nesterov, first);
+    if (m != 0.f) buf[i] = b;
+    store_param(p, copy, i, v);
   }
 }
 
 __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
-                        float b1, float b2, float eps, float decay_, float step, float inv_sqrt_bc2, DPtr copy,
+                        float b1, float b2, float eps, float decay, float step, float inv_sqrt_bc2, DPtr copy,
                         const float* gate) {
-  if (gate && *gate == 0.f) return;
+  if (closed(gate)) return;
   GRID_STRIDE(i, n) {
-    const float decay = !cls || cls[(base + i) >> kChunkShift] != 0 ? decay_ : 1.f;
-    const float gi = g[i];
-    const float pi = p[i] * decay;
-    const float mi = b1 * m[i] + (1.f - b1) * gi;
-    const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    float mi = m[i], vi = v[i];
+    const float pv = adamw_one(p[i], g[i], mi, vi, b1, b2, eps, decays(cls, base, i) ? decay : 1.f, step, inv_sqrt_bc2);
     m[i] = mi;
     v[i] = vi;
-    store_param(p, copy, i, pi - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps));
+    store_param(p, copy, i, pv);
   }
 }
 
 __global__ void k_lars(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
-                       const float* ratios, float m, float wd_, DPtr copy, const float* gate) {
-  if (gate && *gate == 0.f) return;
+                       const float* ratios, float m, float wd, DPtr copy, const float* gate) {
+  if (closed(gate)) return;
   GRID_STRIDE(i, n) {
-    const int32_t k = cls[(base + i) >> kChunkShift];
-    const float scaled = k >= 0 ? lr * ratios[k] : lr;
-    const float wd = k >= 0 ? wd_ : 0.f;
-    const float pi = p[i];
-    const float b = m * buf[i] + scaled * (g[i] + wd * pi);
+    float b = buf[i];
+    const float v = lars_one(p[i], g[i], b, lars_coefficients(cls, base, i, lr, ratios, wd), m);
     buf[i] = b;
-    store_param(p, copy, i, pi - b);
+    store_param(p, copy, i, v);
   }
 }
 
 // The same three updates, 8 elements a thread in 16-byte accesses (the parameters, gradients and
 // state two float4s each, the 16-bit copy one 16-byte store), the copy's type a template
 // parameter: the scalar kernels above read and write one 4-byte word per thread and access, and
-// round into the copy through a run-time switch. Each element computes what the scalar kernel
-// computes, so the bits are the same. Used when every buffer is 16-byte aligned and the range's
-// first flat element is a multiple of 8 (8 elements never straddle a group-table chunk); the
-// scalar kernels take the rest and the tail.
+// round into the copy through a run-time switch. Used when every buffer is 16-byte aligned and
+// the range's first flat element is a multiple of 8 (8 elements never straddle a group-table
+// chunk); the scalar kernels take the rest and the tail.
 template <typename T>
 __device__ __forceinline__ void store_params8(float* p, T* copy, int64_t i, const float (&v)[kVec]) {
   store8(p + i, v);
@@ -422,27 +445,18 @@ __device__ __forceinline__ void store_params8(float* p, T* copy, int64_t i, cons
 
 template <typename T>
 __global__ void k_sgd8(float* p, const float* g, float* buf, int64_t nv, const uint8_t* cls, int64_t base, float lr,
-                       float m, float cwd_, float dwd_, bool nesterov, bool first, T* copy, const float* gate) {
-  if (gate && *gate == 0.f) return;
+                       float m, float cwd, float dwd, bool nesterov, bool first, T* copy, const float* gate) {
+  if (closed(gate)) return;
   GRID_STRIDE(v, nv) {
     const int64_t i = v * kVec;
-    const bool decay = !cls || cls[(base + i) >> kChunkShift] != 0;
-    const float cwd = decay ? cwd_ : 0.f, dwd = decay ? dwd_ : 0.f;
-    float pv[kVec], gv[kVec], bv[kVec];
+    const bool d = decays(cls, base, i);
+    float pv[kVec], gv[kVec], bv[kVec] = {};
     load8(p + i, pv);
     load8(g + i, gv);
     if (m != 0.f && !first) load8(buf + i, bv);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float pi = pv[j];
-      float d = gv[j] + cwd * pi;
-      if (m != 0.f) {
-        const float b = first ? d : m * bv[j] + d;
-        bv[j] = b;
-        d = nesterov ? d + m * b : b;
-      }
-      pv[j] = pi - (lr * d + dwd * pi);
-    }
+    for (int j = 0; j < kVec; ++j)
+      pv[j] = sgd_one(pv[j], gv[j], bv[j], lr, m, d ? cwd : 0.f, d ? dwd : 0.f, nesterov, first);
     if (m != 0.f) store8(buf + i, bv);
     store_params8(p, copy, i, pv);
   }
@@ -450,27 +464,19 @@ __global__ void k_sgd8(float* p, const float* g, float* buf, int64_t nv, const u
 
 template <typename T>
 __global__ void k_adamw8(float* p, const float* g, float* m, float* v, int64_t nv, const uint8_t* cls, int64_t base,
-                         float b1, float b2, float eps, float decay_, float step, float inv_sqrt_bc2, T* copy,
+                         float b1, float b2, float eps, float decay, float step, float inv_sqrt_bc2, T* copy,
                          const float* gate) {
-  if (gate && *gate == 0.f) return;
+  if (closed(gate)) return;
   GRID_STRIDE(k, nv) {
     const int64_t i = k * kVec;
-    const float decay = !cls || cls[(base + i) >> kChunkShift] != 0 ? decay_ : 1.f;
+    const float dc = decays(cls, base, i) ? decay : 1.f;
     float pv[kVec], gv[kVec], mv[kVec], vv[kVec];
     load8(p + i, pv);
     load8(g + i, gv);
     load8(m + i, mv);
     load8(v + i, vv);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float gi = gv[j];
-      const float pi = pv[j] * decay;
-      const float mi = b1 * mv[j] + (1.f - b1) * gi;
-      const float vi = b2 * vv[j] + (1.f - b2) * gi * gi;
-      mv[j] = mi;
-      vv[j] = vi;
-      pv[j] = pi - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
-    }
+    for (int j = 0; j < kVec; ++j) pv[j] = adamw_one(pv[j], gv[j], mv[j], vv[j], b1, b2, eps, dc, step, inv_sqrt_bc2);
     store8(m + i, mv);
     store8(v + i, vv);
     store_params8(p, copy, i, pv);
@@ -479,24 +485,17 @@ __global__ void k_adamw8(float* p, const float* g, float* m, float* v, int64_t n
 
 template <typename T>
 __global__ void k_lars8(float* p, const float* g, float* buf, int64_t nv, const int32_t* cls, int64_t base, float lr,
-                        const float* ratios, float m, float wd_, T* copy, const float* gate) {
-  if (gate && *gate == 0.f) return;
+                        const float* ratios, float m, float wd, T* copy, const float* gate) {
+  if (closed(gate)) return;
   GRID_STRIDE(v, nv) {
     const int64_t i = v * kVec;
-    const int32_t k = cls[(base + i) >> kChunkShift];
-    const float scaled = k >= 0 ? lr * ratios[k] : lr;
-    const float wd = k >= 0 ? wd_ : 0.f;
+    const float2 c = lars_coefficients(cls, base, i, lr, ratios, wd);
     float pv[kVec], gv[kVec], bv[kVec];
     load8(p + i, pv);
     load8(g + i, gv);
     load8(buf + i, bv);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float pi = pv[j];
-      const float b = m * bv[j] + scaled * (gv[j] + wd * pi);
-      bv[j] = b;
-      pv[j] = pi - b;
-    }
+    for (int j = 0; j < kVec; ++j) pv[j] = lars_one(pv[j], gv[j], bv[j], c, m);
     store8(buf + i, bv);
     store_params8(p, copy, i, pv);
   }
