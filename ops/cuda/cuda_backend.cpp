@@ -192,13 +192,18 @@ struct ThreadState {
   // inside a CUDA graph capture becomes the graph's memory (train.cuda_graph), and otherwise
   // grows unseen. Outside the replica's pool, like the scratch: blas_workspace_bytes() each.
   std::unordered_map<cudaStream_t, void*> blas_ws;
+  // Segment tables uploaded once (CudaBackend::upload_segments): the table, its device copy.
+  static constexpr size_t kKeptSegmentTables = 16;
+  std::vector<std::pair<std::vector<std::pair<int64_t, int64_t>>, int64_t*>> segment_tables;
   ~ThreadState() {
     plans.clear();
     if (cudnn) cudnnDestroy(cudnn);
     if (cublas) cublasDestroy(cublas);
-    if (scratch || !blas_ws.empty()) cudaDeviceSynchronize();  // their users finish first (thread exit only)
+    if (scratch || !blas_ws.empty() || !segment_tables.empty())
+      cudaDeviceSynchronize();  // their users finish first (thread exit only)
     if (scratch) cudaFree(scratch);  // stream-ordered memory: cudaFree does not wait for its users
     for (auto& [s, w] : blas_ws) cudaFree(w);
+    for (auto& [key, d] : segment_tables) cudaFree(d);
     if (host) cudaFreeHost(host);
     if (read_done) cudaEventDestroy(read_done);
   }
@@ -667,23 +672,47 @@ class CudaBackend final : public Backend {
     cuk::cast(dp(src), dp(dst), src.numel(), stream());
   }
 
-  // [offset, count) segments of `x` as two device arrays (the offsets, then the counts) at the start
-  // of this thread's scratch, with `extra` bytes after them for the caller's results; a segment
-  // past the end of x is a ShapeError naming `who`. From pageable memory: staged at once, no wait
-  // for the stream's earlier work.
-  int64_t* upload_segments(const std::vector<std::pair<int64_t, int64_t>>& segments, const Tensor& x, const char* who,
-                           size_t extra) {
+  // [offset, count) segments of `x` as two device arrays (the offsets, then the counts), and
+  // `extra` bytes of this thread's scratch for the caller's results; a segment past the end of x
+  // is a ShapeError naming `who`. The tables of the step's fixed reductions (the gradient norm's
+  // blocks, LARS's tensors) are the same every step: each distinct one is uploaded once and kept
+  // for the thread's life (ThreadState::segment_tables), so a step stages no pageable copy for
+  // them (a copy the driver may order after the stream's queued work, and one no CUDA graph may
+  // hold). Past kKeptSegmentTables distinct tables, or inside a capture, a table is staged into
+  // the scratch per call, as before.
+  struct SegmentTable {
+    const int64_t* table;
+    void* extra;
+  };
+  SegmentTable upload_segments(const std::vector<std::pair<int64_t, int64_t>>& segments, const Tensor& x,
+                               const char* who, size_t extra) {
     const size_t n = segments.size();
+    for (const auto& [off, cnt] : segments)
+      if (off < 0 || off + cnt > x.numel()) throw ShapeError(std::string(who) + ": segment past the end of " + x.str());
+    auto& ts = state();
+    for (const auto& t : ts.segment_tables)
+      if (t.first == segments) return {t.second, extra ? ts.get_scratch(extra) : nullptr};
     std::vector<int64_t> oc(2 * n);
     for (size_t i = 0; i < n; ++i) {
-      if (segments[i].first < 0 || segments[i].first + segments[i].second > x.numel())
-        throw ShapeError(std::string(who) + ": segment past the end of " + x.str());
       oc[i] = segments[i].first;
       oc[n + i] = segments[i].second;
     }
-    auto* d = static_cast<int64_t*>(state().get_scratch(oc.size() * sizeof(int64_t) + extra));
-    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream()));
-    return d;
+    const size_t bytes = oc.size() * sizeof(int64_t);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    REPLICA_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
+    if (ts.segment_tables.size() < ThreadState::kKeptSegmentTables && cs == cudaStreamCaptureStatusNone) {
+      int64_t* d = nullptr;
+      REPLICA_CUDA_CHECK(cudaMalloc(&d, bytes));
+      ts.segment_tables.emplace_back(segments, d);  // owned from here: freed with the thread's state
+      // Complete before it is used from any stream: once per table, one wait for this stream (a
+      // set-up wait of the first step, like cuDNN's algorithm search, not a step's host sync).
+      REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), bytes, cudaMemcpyHostToDevice, stream()));
+      REPLICA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+      return {d, extra ? ts.get_scratch(extra) : nullptr};
+    }
+    auto* d = static_cast<char*>(ts.get_scratch(bytes + extra));
+    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), bytes, cudaMemcpyHostToDevice, stream()));
+    return {reinterpret_cast<int64_t*>(d), d + bytes};
   }
 
   double sum_squares(const Tensor& x) override {
@@ -703,8 +732,9 @@ class CudaBackend final : public Backend {
     std::vector<double> out(segments.size());
     if (n == 0) return out;
     cudaStream_t s = stream();
-    int64_t* d = upload_segments(segments, x, "segment_sum_squares", out.size() * sizeof(double));
-    double* res = reinterpret_cast<double*>(d + 2 * n);
+    const SegmentTable t = upload_segments(segments, x, "segment_sum_squares", out.size() * sizeof(double));
+    const int64_t* d = t.table;
+    double* res = static_cast<double*>(t.extra);
     cuk::segment_sum_squares(x.data<float>(), d, d + n, n, res, s);
     note_host_sync();
     REPLICA_CUDA_CHECK(cudaMemcpyAsync(out.data(), res, out.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
@@ -740,8 +770,9 @@ class CudaBackend final : public Backend {
     if (out.numel() < n) throw ShapeError("segment_sum_squares_into: " + out.str() + " holds too few sums");
     if (n == 0) return;
     cudaStream_t s = stream();
-    int64_t* d = upload_segments(segments, x, "segment_sum_squares_into", n * sizeof(double));
-    double* res = reinterpret_cast<double*>(d + 2 * n);
+    const SegmentTable t = upload_segments(segments, x, "segment_sum_squares_into", n * sizeof(double));
+    const int64_t* d = t.table;
+    double* res = static_cast<double*>(t.extra);
     cuk::segment_sum_squares(x.data<float>(), d, d + n, n, res, s);
     cuk::doubles_to_floats(res, out.data<float>(), n, s);
   }
@@ -812,7 +843,7 @@ class CudaBackend final : public Backend {
     if (ratios.numel() < n) throw ShapeError("lars_trust_ratios: " + ratios.str() + " holds too few ratios");
     if (n == 0) return;
     cudaStream_t s = stream();
-    int64_t* d = upload_segments(segments, params, "lars_trust_ratios", 0);
+    const int64_t* d = upload_segments(segments, params, "lars_trust_ratios", 0).table;
     cuk::lars_ratios(params.data<float>(), grads.data<float>(), d, d + n, n, trust, wd, eps, ratios.data<float>(), s);
   }
   // The table's entries name ratios: the caller (optim::Lars) builds both, so the kernel trusts
