@@ -686,33 +686,46 @@ class CudaBackend final : public Backend {
   };
   SegmentTable upload_segments(const std::vector<std::pair<int64_t, int64_t>>& segments, const Tensor& x,
                                const char* who, size_t extra) {
-    const size_t n = segments.size();
     for (const auto& [off, cnt] : segments)
       if (off < 0 || off + cnt > x.numel()) throw ShapeError(std::string(who) + ": segment past the end of " + x.str());
     auto& ts = state();
-    for (const auto& t : ts.segment_tables)
-      if (t.first == segments) return {t.second, extra ? ts.get_scratch(extra) : nullptr};
+    if (const int64_t* kept = kept_table(segments)) return {kept, extra ? ts.get_scratch(extra) : nullptr};
+    const std::vector<int64_t> oc = flatten(segments);
+    const size_t bytes = oc.size() * sizeof(int64_t);
+    auto* d = static_cast<char*>(ts.get_scratch(bytes + extra));
+    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), bytes, cudaMemcpyHostToDevice, stream()));
+    return {reinterpret_cast<int64_t*>(d), d + bytes};
+  }
+  // [offsets..., counts...]
+  static std::vector<int64_t> flatten(const std::vector<std::pair<int64_t, int64_t>>& segments) {
+    const size_t n = segments.size();
     std::vector<int64_t> oc(2 * n);
     for (size_t i = 0; i < n; ++i) {
       oc[i] = segments[i].first;
       oc[n + i] = segments[i].second;
     }
-    const size_t bytes = oc.size() * sizeof(int64_t);
+    return oc;
+  }
+  // The device copy of a table kept for this thread (uploaded now if it is new), or null when it
+  // cannot be kept (kKeptSegmentTables reached, or inside a capture): the caller stages it.
+  const int64_t* kept_table(const std::vector<std::pair<int64_t, int64_t>>& segments) {
+    auto& ts = state();
+    for (const auto& t : ts.segment_tables)
+      if (t.first == segments) return t.second;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     REPLICA_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
-    if (ts.segment_tables.size() < ThreadState::kKeptSegmentTables && cs == cudaStreamCaptureStatusNone) {
-      int64_t* d = nullptr;
-      REPLICA_CUDA_CHECK(cudaMalloc(&d, bytes));
-      ts.segment_tables.emplace_back(segments, d);  // owned from here: freed with the thread's state
-      // Complete before it is used from any stream: once per table, one wait for this stream (a
-      // set-up wait of the first step, like cuDNN's algorithm search, not a step's host sync).
-      REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), bytes, cudaMemcpyHostToDevice, stream()));
-      REPLICA_CUDA_CHECK(cudaStreamSynchronize(stream()));
-      return {d, extra ? ts.get_scratch(extra) : nullptr};
-    }
-    auto* d = static_cast<char*>(ts.get_scratch(bytes + extra));
-    REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), bytes, cudaMemcpyHostToDevice, stream()));
-    return {reinterpret_cast<int64_t*>(d), d + bytes};
+    if (ts.segment_tables.size() >= ThreadState::kKeptSegmentTables || cs != cudaStreamCaptureStatusNone) return nullptr;
+    const std::vector<int64_t> oc = flatten(segments);
+    const size_t bytes = std::max<size_t>(1, oc.size()) * sizeof(int64_t);
+    int64_t* d = nullptr;
+    REPLICA_CUDA_CHECK(cudaMalloc(&d, bytes));
+    ts.segment_tables.emplace_back(segments, d);  // owned from here: freed with the thread's state
+    // Complete before it is used from any stream: once per table, one wait for this stream (a
+    // set-up wait of the first step, like cuDNN's algorithm search, not a step's host sync).
+    if (!oc.empty()) REPLICA_CUDA_CHECK(cudaMemcpyAsync(d, oc.data(), oc.size() * sizeof(int64_t),
+                                                        cudaMemcpyHostToDevice, stream()));
+    REPLICA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return d;
   }
 
   double sum_squares(const Tensor& x) override {
@@ -842,9 +855,36 @@ class CudaBackend final : public Backend {
     const int n = static_cast<int>(segments.size());
     if (ratios.numel() < n) throw ShapeError("lars_trust_ratios: " + ratios.str() + " holds too few ratios");
     if (n == 0) return;
-    cudaStream_t s = stream();
-    const int64_t* d = upload_segments(segments, params, "lars_trust_ratios", 0).table;
-    cuk::lars_ratios(params.data<float>(), grads.data<float>(), d, d + n, n, trust, wd, eps, ratios.data<float>(), s);
+    for (const auto& [off, cnt] : segments)
+      if (off < 0 || off + cnt > params.numel())
+        throw ShapeError("lars_trust_ratios: segment past the end of " + params.str());
+    // Each tensor cut into kLarsChunk-element chunks (a block each), and each tensor's run of
+    // chunks: two fixed tables, kept on the device after their first upload (kept_table).
+    std::vector<std::pair<int64_t, int64_t>> chunks, runs;
+    for (const auto& [off, cnt] : segments) {
+      const int64_t first = static_cast<int64_t>(chunks.size());
+      for (int64_t a = 0; a < cnt; a += cuk::kLarsChunk) chunks.emplace_back(off + a, std::min(cuk::kLarsChunk, cnt - a));
+      runs.emplace_back(first, static_cast<int64_t>(chunks.size()) - first);
+    }
+    const int nc = static_cast<int>(chunks.size());
+    const int64_t* c = kept_table(chunks);
+    const int64_t* r = kept_table(runs);
+    // The partial sums, and any table that could not be kept, staged in one scratch region.
+    const size_t part_bytes = std::max<size_t>(1, 2 * chunks.size()) * sizeof(double);
+    const size_t cb = c ? 0 : 2 * chunks.size() * sizeof(int64_t), rb = r ? 0 : 2 * runs.size() * sizeof(int64_t);
+    char* base = static_cast<char*>(state().get_scratch(part_bytes + cb + rb));
+    if (!c) {
+      const auto oc = flatten(chunks);
+      REPLICA_CUDA_CHECK(cudaMemcpyAsync(base + part_bytes, oc.data(), cb, cudaMemcpyHostToDevice, stream()));
+      c = reinterpret_cast<const int64_t*>(base + part_bytes);
+    }
+    if (!r) {
+      const auto oc = flatten(runs);
+      REPLICA_CUDA_CHECK(cudaMemcpyAsync(base + part_bytes + cb, oc.data(), rb, cudaMemcpyHostToDevice, stream()));
+      r = reinterpret_cast<const int64_t*>(base + part_bytes + cb);
+    }
+    cuk::lars_ratios(params.data<float>(), grads.data<float>(), c, c + nc, nc, r, r + n, n,
+                     reinterpret_cast<double*>(base), trust, wd, eps, ratios.data<float>(), stream());
   }
   // The table's entries name ratios: the caller (optim::Lars) builds both, so the kernel trusts
   // them (checking each entry would be a pass over the table).

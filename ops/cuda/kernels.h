@@ -67,9 +67,13 @@ void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t*
 void step_gate(float* stats, int64_t loss, int64_t bad_label, int64_t nonfinite, int64_t grad_squares, int64_t apply,
                int64_t clip, double max_norm, cudaStream_t s);
 void scale_by(float* y, int64_t n, const float* factor, cudaStream_t s);  // y *= *factor (f32)
-// out[i] = LARS trust ratio of segment i (offsets/counts in device memory), as the CPU backend.
-void lars_ratios(const float* w, const float* g, const int64_t* offsets, const int64_t* counts, int segments,
-                 float trust, float wd, float eps, float* out, cudaStream_t s);
+// out[i] = LARS trust ratio of segment i, as the CPU backend: the segments cut into chunks
+// (chunk_off/chunk_cnt, device memory) whose squared norms go to part (2 doubles a chunk), then
+// segment i adds chunks [first[i], first[i] + count[i]) in order.
+constexpr int64_t kLarsChunk = 16384;
+void lars_ratios(const float* w, const float* g, const int64_t* chunk_off, const int64_t* chunk_cnt, int chunks,
+                 const int64_t* first, const int64_t* count, int segments, double* part, float trust, float wd,
+                 float eps, float* out, cudaStream_t s);
 
 // Batch norm over [M, C] (channels last). Scratch layout is the caller's (see cuda_backend.cpp).
 // One pass over x for both moments, shifted by shift[c] (the running mean: close to the batch
