@@ -27,9 +27,31 @@ void check_chunk_classes(const ChunkClasses& c, const Tensor& p, DType dtype, bo
                      " per entry)");
 }
 
+namespace {
+// An f32 value on p's device (a gate, a factor), or a ShapeError naming `who` and `what`.
+void check_value(const Tensor& v, const Tensor& p, const char* who, const char* what) {
+  if (v.dtype() != DType::f32 || v.numel() < 1 || !(v.device() == p.device()))
+    throw ShapeError(std::string(who) + ": the " + what + " " + v.str() + " is not an f32 value on " + p.device().str());
+}
+}  // namespace
+
 void check_gate(const Tensor& gate, const Tensor& p, const char* who) {
-  if (gate.defined() && (gate.dtype() != DType::f32 || gate.numel() < 1 || !(gate.device() == p.device())))
-    throw ShapeError(std::string(who) + ": the gate " + gate.str() + " is not an f32 value on " + p.device().str());
+  if (gate.defined()) check_value(gate, p, who, "gate");
+}
+
+void check_factor(const Tensor& factor, const Tensor& y, const char* who) { check_value(factor, y, who, "factor"); }
+
+void check_copy(const Tensor& copy, const Tensor& p, const char* who) {
+  if (!copy.defined()) return;
+  if ((copy.dtype() != DType::f16 && copy.dtype() != DType::bf16) || copy.numel() != p.numel())
+    throw ShapeError(std::string(who) + ": the compute copy " + copy.str() + " is not a 16-bit tensor the size of " +
+                     p.str());
+}
+
+void check_step_gate_at(const Tensor& stats, const Backend::StepGateAt& at) {
+  if (stats.dtype() != DType::f32) throw ShapeError("step_gate: expected f32 scalars, got " + stats.str());
+  for (int64_t i : {at.loss, at.bad_label, at.nonfinite, at.grad_squares, at.apply, at.clip})
+    if (i < 0 || i >= stats.numel()) throw ShapeError("step_gate: index " + std::to_string(i) + " is outside " + stats.str());
 }
 
 ConvGeom ConvGeom::make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t stride,

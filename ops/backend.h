@@ -51,6 +51,11 @@ struct ChunkClasses {
 void check_chunk_classes(const ChunkClasses& c, const Tensor& p, DType dtype, bool required, const char* who);
 // Throws ShapeError naming `who` unless `gate` is undefined or an f32 tensor on p's device.
 void check_gate(const Tensor& gate, const Tensor& p, const char* who);
+// The other arguments every backend checks the same way, each a ShapeError naming the op:
+// the updates' 16-bit copy (undefined, or f16 / bf16 of p's size); scale_by's factor (an f32
+// value on y's device); step_gate's indices (check_step_gate_at, below the class).
+void check_copy(const Tensor& copy, const Tensor& p, const char* who);
+void check_factor(const Tensor& factor, const Tensor& y, const char* who);
 
 // Host synchronisations made by the calling thread: every Backend call that hands a device value
 // to the host counts one (read_to_host, and the calls returning a loss, a norm or a verdict), on
@@ -236,6 +241,9 @@ class Backend {
                            float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
                            const Tensor& gate) = 0;
 };
+
+// step_gate's scalars: f32, every index inside them; a ShapeError otherwise.
+void check_step_gate_at(const Tensor& stats, const Backend::StepGateAt& at);
 
 // The backend for a device (one shared instance per kind). Throws on a CUDA device when CUDA is
 // not built.

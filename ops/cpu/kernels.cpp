@@ -371,8 +371,7 @@ void CpuBackend::scale(const Tensor& y, float alpha) {
 }
 
 void CpuBackend::scale_by(const Tensor& y, const Tensor& factor) {
-  if (factor.dtype() != DType::f32 || factor.numel() < 1)
-    throw ShapeError("scale_by: the factor " + factor.str() + " is not an f32 value");
+  check_factor(factor, y, "scale_by");
   scale(y, factor.data<float>()[0]);
 }
 

@@ -13,14 +13,6 @@ void require_f32(std::initializer_list<const Tensor*> ts, const char* who) {
     if (t->dtype() != DType::f32) throw ShapeError(std::string(who) + ": expected f32, got " + t->str());
 }
 
-// The optimizer updates' 16-bit copy (Backend::sgd_update): undefined, or f16 / bf16 of p's size.
-void require_copy(const Tensor& copy, const Tensor& p, const char* who) {
-  if (!copy.defined()) return;
-  if ((copy.dtype() != DType::f16 && copy.dtype() != DType::bf16) || copy.numel() != p.numel())
-    throw ShapeError(std::string(who) + ": the compute copy " + copy.str() + " is not a 16-bit tensor the size of " +
-                     p.str());
-}
-
 // Runs update(lo, hi) over [0, n) in blocks, each followed by its elements' rounding into `copy`
 // (when defined) while they are still in cache: one pass over the parameters, and the very
 // conversion Backend::cast makes, so the copy has cast's bits.
@@ -101,9 +93,7 @@ void CpuBackend::sum_in_order_into(const Tensor& x, const Tensor& out) {
 }
 
 void CpuBackend::step_gate(const Tensor& stats, const StepGateAt& at, double max_norm) {
-  require_f32({&stats}, "step_gate");
-  for (int64_t i : {at.loss, at.bad_label, at.nonfinite, at.grad_squares, at.apply, at.clip})
-    if (i < 0 || i >= stats.numel()) throw ShapeError("step_gate: index " + std::to_string(i) + " is outside " + stats.str());
+  check_step_gate_at(stats, at);
   float* s = stats.data<float>();
   s[at.apply] = s[at.nonfinite] == 0.f && s[at.bad_label] == 0.f && std::isfinite(s[at.loss]) ? 1.f : 0.f;
   const double norm = std::sqrt(static_cast<double>(s[at.grad_squares]));
@@ -118,7 +108,7 @@ void CpuBackend::rsqrt_eps(const Tensor& x, const Tensor& y, float eps) {
 void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor& momentum,
                             const SgdUpdate& u, const ChunkClasses& classes, const Tensor& copy) {
   require_f32({&params, &grads, &momentum}, "sgd_update");
-  require_copy(copy, params, "sgd_update");
+  check_copy(copy, params, "sgd_update");
   check_chunk_classes(classes, params, DType::u8, false, "sgd_update");
   check_gate(u.gate, params, "sgd_update");
   if (closed(u.gate)) return;
@@ -149,7 +139,7 @@ void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Ten
 void CpuBackend::adamw_update(const Tensor& params, const Tensor& grads, const Tensor& m1, const Tensor& m2,
                               const AdamWUpdate& u, const ChunkClasses& classes, const Tensor& copy) {
   require_f32({&params, &grads, &m1, &m2}, "adamw_update");
-  require_copy(copy, params, "adamw_update");
+  check_copy(copy, params, "adamw_update");
   check_chunk_classes(classes, params, DType::u8, false, "adamw_update");
   check_gate(u.gate, params, "adamw_update");
   if (closed(u.gate)) return;
@@ -200,7 +190,7 @@ void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Te
                              const Tensor& ratios, float mom, float wd, const ChunkClasses& classes,
                              const Tensor& copy, const Tensor& gate) {
   require_f32({&params, &grads, &momentum}, "lars_update");
-  require_copy(copy, params, "lars_update");
+  check_copy(copy, params, "lars_update");
   check_chunk_classes(classes, params, DType::i32, true, "lars_update");
   check_gate(gate, params, "lars_update");
   if (closed(gate)) return;

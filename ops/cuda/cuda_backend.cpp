@@ -58,13 +58,10 @@ void require_f32(const Tensor& t, const char* who) {
 void require_same(const Tensor& a, const Tensor& b, const char* who) {
   if (a.numel() != b.numel()) throw ShapeError(std::string(who) + ": " + a.str() + " and " + b.str() + " differ in size");
 }
-// The optimizer updates' 16-bit copy (Backend::sgd_update): none, or f16 / bf16 of p's size.
+// The optimizer updates' 16-bit copy (Backend::sgd_update), checked: none, or f16 / bf16 of p's size.
 cuk::DPtr copy_ptr(const Tensor& copy, const Tensor& p, const char* who) {
-  if (!copy.defined()) return {};
-  if ((copy.dtype() != DType::f16 && copy.dtype() != DType::bf16) || copy.numel() != p.numel())
-    throw ShapeError(std::string(who) + ": the compute copy " + copy.str() + " is not a 16-bit tensor the size of " +
-                     p.str());
-  return dp(copy);
+  check_copy(copy, p, who);
+  return copy.defined() ? dp(copy) : cuk::DPtr{};
 }
 // The update's gate (null when there is none).
 const float* gate_ptr(const Tensor& gate) { return gate.defined() ? gate.data<float>() : nullptr; }
@@ -586,8 +583,7 @@ class CudaBackend final : public Backend {
   void scale(const Tensor& y, float alpha) override { cuk::scale(dp(y), alpha, y.numel(), stream()); }
   void scale_by(const Tensor& y, const Tensor& factor) override {
     require_f32(y, "scale_by");
-    if (factor.dtype() != DType::f32 || factor.numel() < 1)
-      throw ShapeError("scale_by: the factor " + factor.str() + " is not an f32 value");
+    check_factor(factor, y, "scale_by");
     cuk::scale_by(y.data<float>(), y.numel(), factor.data<float>(), stream());
   }
 
@@ -900,10 +896,7 @@ class CudaBackend final : public Backend {
                      copy_ptr(copy, p, "lars_update"), gate_ptr(gate), stream());
   }
   void step_gate(const Tensor& stats, const StepGateAt& at, double max_norm) override {
-    require_f32(stats, "step_gate");
-    for (int64_t i : {at.loss, at.bad_label, at.nonfinite, at.grad_squares, at.apply, at.clip})
-      if (i < 0 || i >= stats.numel())
-        throw ShapeError("step_gate: index " + std::to_string(i) + " is outside " + stats.str());
+    check_step_gate_at(stats, at);
     cuk::step_gate(stats.data<float>(), at.loss, at.bad_label, at.nonfinite, at.grad_squares, at.apply, at.clip,
                    max_norm, stream());
   }
