@@ -1,6 +1,5 @@
 // AdamW and LARS over the flat buffers, and clipping by the global gradient norm.
 #include <cmath>
-#include <cstring>
 
 #include "core/errors.h"
 #include "ops/backend.h"
@@ -10,7 +9,7 @@ namespace replica::optim {
 
 AdamW::AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, AdamWOptions o, ShardRange r) : o_(o) {
   set_range(total, r);
-  classes_ = upload_classes(pool, decay_classes(make_groups(reg, o.no_decay_bn_bias), chunks()), DType::u8);
+  classes_ = upload_classes(pool, decay_classes(make_groups(reg, o.no_decay_bn_bias), chunks()));
   m_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
   v_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
@@ -55,14 +54,8 @@ Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOp
   // replicas' slots stay -1 (the range holds at most their zero padding).
   std::vector<int32_t> cls(static_cast<size_t>(std::max<int64_t>(chunks(), 1)), -1);
   int32_t k = 0;
-  for (const auto& s : slots_) {
-    const int32_t v = s.adapt ? k++ : -1;
-    for (int64_t c = s.offset / ops::kParamChunk; c < (s.offset + s.count + ops::kParamChunk - 1) / ops::kParamChunk; ++c)
-      cls[static_cast<size_t>(c)] = v;
-  }
-  std::vector<char> bytes(cls.size() * sizeof(int32_t));
-  std::memcpy(bytes.data(), cls.data(), bytes.size());
-  classes_ = upload_classes(pool, bytes, DType::i32);
+  for (const auto& s : slots_) set_chunks<int32_t>(cls, s.offset, s.count, s.adapt ? k++ : -1);
+  classes_ = upload_classes(pool, cls);
 }
 
 void Lars::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) {

@@ -1,6 +1,7 @@
 // Optimizers over the flat parameter and gradient buffers: one fused loop per step. State lives
 // in the replica's pool (tag optimizer) in fp32.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,9 +87,10 @@ class Optimizer {
   // The range of a buffer that is whole or the range alone, as the range alone.
   Tensor in_range(const Tensor& t) const { return at(t, lo_, {std::max<int64_t>(hi_ - lo_, 0)}); }
   // The group table of the whole flat buffer (ops::ChunkClasses: one entry per kParamChunk
-  // elements) from `entries` host values of `dtype`'s size, in `pool` (tag optimizer), with the
-  // range's start as its base: every group of the range in one backend call.
-  ops::ChunkClasses upload_classes(MemoryPool& pool, const std::vector<char>& entries, DType dtype) const;
+  // elements, u8 or i32 as the entries are) in `pool` (tag optimizer), with the range's start as
+  // its base: every group of the range in one backend call.
+  ops::ChunkClasses upload_classes(MemoryPool& pool, const std::vector<uint8_t>& entries) const;
+  ops::ChunkClasses upload_classes(MemoryPool& pool, const std::vector<int32_t>& entries) const;
   int64_t chunks() const { return (total_ + ops::kParamChunk - 1) / ops::kParamChunk; }
   int64_t steps_ = 0;
   int64_t lo_ = 0, hi_ = 0, total_ = 0;
@@ -184,8 +186,16 @@ void require_chunk_aligned(const nn::ParamRegistry& reg, const std::string& who)
 std::vector<ParamGroup> make_groups(const nn::ParamRegistry& reg, bool no_decay_bn_bias);
 // The parts of `groups` inside [lo, hi).
 std::vector<ParamGroup> clip_groups(const std::vector<ParamGroup>& groups, int64_t lo, int64_t hi);
+// Sets the group-table entries of the chunks that flat elements [offset, offset + count) touch
+// to v (a slot or group starts on a chunk boundary, so the chunks are its own).
+template <typename T>
+void set_chunks(std::vector<T>& table, int64_t offset, int64_t count, T v) {
+  const int64_t end = std::min<int64_t>((offset + count + ops::kParamChunk - 1) / ops::kParamChunk,
+                                        static_cast<int64_t>(table.size()));
+  for (int64_t c = offset / ops::kParamChunk; c < end; ++c) table[static_cast<size_t>(c)] = v;
+}
 // The u8 decay table of `groups` over `chunks` entries (ops::ChunkClasses): 1 where a group decays.
-std::vector<char> decay_classes(const std::vector<ParamGroup>& groups, int64_t chunks);
+std::vector<uint8_t> decay_classes(const std::vector<ParamGroup>& groups, int64_t chunks);
 
 // Scales grads so their global L2 norm is at most max_norm; returns the norm before clipping.
 double clip_grad_norm(const Tensor& grads, double max_norm);

@@ -50,24 +50,28 @@ void Optimizer::set_range(int64_t total, ShardRange r) {
   total_ = total;
 }
 
-std::vector<char> decay_classes(const std::vector<ParamGroup>& groups, int64_t chunks) {
-  std::vector<char> t(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0);
-  for (const auto& g : groups) {
-    // Groups start on slot boundaries, which are chunk boundaries (nn::Model), so no chunk holds two.
-    const int64_t a = g.offset / ops::kParamChunk;
-    const int64_t e = std::min<int64_t>((g.offset + g.count + ops::kParamChunk - 1) / ops::kParamChunk, chunks);
-    for (int64_t c = a; c < e; ++c) t[static_cast<size_t>(c)] = g.decay ? 1 : 0;
-  }
+std::vector<uint8_t> decay_classes(const std::vector<ParamGroup>& groups, int64_t chunks) {
+  std::vector<uint8_t> t(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0);
+  for (const auto& g : groups) set_chunks<uint8_t>(t, g.offset, g.count, g.decay ? 1 : 0);
   return t;
 }
 
-ops::ChunkClasses Optimizer::upload_classes(MemoryPool& pool, const std::vector<char>& entries, DType dtype) const {
+namespace {
+template <typename T>
+ops::ChunkClasses upload(MemoryPool& pool, const std::vector<T>& entries, DType dtype, int64_t base) {
   ops::ChunkClasses c;
-  const int64_t n = static_cast<int64_t>(entries.size() / dtype_size(dtype));
-  c.table = Tensor::empty(pool, {n}, dtype, MemTag::optimizer);
-  tensor_from_bytes(c.table, entries.data(), entries.size());
-  c.base = lo_;
+  c.table = Tensor::empty(pool, {static_cast<int64_t>(entries.size())}, dtype, MemTag::optimizer);
+  tensor_from_bytes(c.table, entries.data(), entries.size() * sizeof(T));
+  c.base = base;
   return c;
+}
+}  // namespace
+
+ops::ChunkClasses Optimizer::upload_classes(MemoryPool& pool, const std::vector<uint8_t>& entries) const {
+  return upload(pool, entries, DType::u8, lo_);
+}
+ops::ChunkClasses Optimizer::upload_classes(MemoryPool& pool, const std::vector<int32_t>& entries) const {
+  return upload(pool, entries, DType::i32, lo_);
 }
 
 Tensor Optimizer::at(const Tensor& t, int64_t offset, Shape s) const {

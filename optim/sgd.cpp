@@ -7,7 +7,7 @@ namespace replica::optim {
 
 Sgd::Sgd(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, SgdOptions o, ShardRange r) : o_(o) {
   set_range(total, r);
-  classes_ = upload_classes(pool, decay_classes(make_groups(reg, o.no_decay_bn_bias), chunks()), DType::u8);
+  classes_ = upload_classes(pool, decay_classes(make_groups(reg, o.no_decay_bn_bias), chunks()));
   momentum_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
 }
 
