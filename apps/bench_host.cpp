@@ -52,6 +52,7 @@ class NullBackend final : public ops::Backend {
   void add_relu(const Tensor&, const Tensor&, const Tensor&) override {}
   void axpy(float, const Tensor&, const Tensor&) override {}
   void fill(const Tensor&, float) override {}
+  void set_values(const Tensor&, const float*, int64_t) override {}
   void scale(const Tensor&, float) override {}
   void maxpool_forward(const Tensor&, const Tensor&, const Tensor&, const ops::PoolGeom&) override {}
   void maxpool_backward(const Tensor&, const Tensor&, const Tensor&, const ops::PoolGeom&) override {}
@@ -64,7 +65,7 @@ class NullBackend final : public ops::Backend {
     return {};
   }
   void softmax_xent_accumulate(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void softmax_xent_backward(const Tensor&, const Tensor&, float, const Tensor&) override {}
+  void softmax_xent_backward(const Tensor&, const Tensor&, const ops::StepScalar&, const Tensor&) override {}
   void cast(const Tensor&, const Tensor&) override {}
   double sum_squares(const Tensor&) override {
     return 0;
@@ -76,7 +77,7 @@ class NullBackend final : public ops::Backend {
     return true;
   }
   void sum_squares_into(const Tensor&, const Tensor&) override {}
-  void unscale_check_finite_into(const Tensor&, float, const Tensor&) override {}
+  void unscale_check_finite_into(const Tensor&, const ops::StepScalar&, const Tensor&) override {}
   void segment_sum_squares_into(const Tensor&, const std::vector<std::pair<int64_t, int64_t>>&, const Tensor&) override {}
   void sum_in_order_into(const Tensor&, const Tensor&) override {}
   void read_to_host(const Tensor&, void*, const std::function<void()>&) override {}
@@ -87,8 +88,8 @@ class NullBackend final : public ops::Backend {
                     const Tensor&) override {}
   void lars_trust_ratios(const Tensor&, const Tensor&, const std::vector<std::pair<int64_t, int64_t>>&, float, float,
                          float, const Tensor&) override {}
-  void lars_update(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, float, float, const ops::ChunkClasses&,
-                   const Tensor&, const Tensor&) override {}
+  void lars_update(const Tensor&, const Tensor&, const Tensor&, const ops::StepScalar&, const Tensor&, float, float,
+                   const ops::ChunkClasses&, const Tensor&, const Tensor&) override {}
   void step_gate(const Tensor&, const StepGateAt&, double) override {}
   void scale_by(const Tensor&, const Tensor&) override {}
 };
@@ -171,6 +172,10 @@ class TimedBackend final : public ops::Backend {
     Timer t(*this, "fill");
     in_.fill(y, v);
   }
+  void set_values(const Tensor& y, const float* v, int64_t n) override {
+    Timer t(*this, "set step values");
+    in_.set_values(y, v, n);
+  }
   void scale(const Tensor& y, float a) override {
     Timer t(*this, "scale");
     in_.scale(y, a);
@@ -208,7 +213,7 @@ class TimedBackend final : public ops::Backend {
     Timer t(*this, "loss");
     in_.softmax_xent_accumulate(z, l, p, sums);
   }
-  void softmax_xent_backward(const Tensor& p, const Tensor& l, float scale, const Tensor& dz) override {
+  void softmax_xent_backward(const Tensor& p, const Tensor& l, const ops::StepScalar& scale, const Tensor& dz) override {
     Timer t(*this, "loss backward");
     in_.softmax_xent_backward(p, l, scale, dz);
   }
@@ -232,7 +237,7 @@ class TimedBackend final : public ops::Backend {
     Timer t(*this, "sum of squares");
     in_.sum_squares_into(x, out);
   }
-  void unscale_check_finite_into(const Tensor& g, float inv, const Tensor& flag) override {
+  void unscale_check_finite_into(const Tensor& g, const ops::StepScalar& inv, const Tensor& flag) override {
     Timer t(*this, "unscale + finite check");
     in_.unscale_check_finite_into(g, inv, flag);
   }
@@ -268,8 +273,8 @@ class TimedBackend final : public ops::Backend {
     Timer t(*this, "lars ratios");
     in_.lars_trust_ratios(p, g, s, trust, wd, eps, r);
   }
-  void lars_update(const Tensor& p, const Tensor& g, const Tensor& b, float lr, const Tensor& r, float m, float wd,
-                   const ops::ChunkClasses& k, const Tensor& c, const Tensor& gate) override {
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& b, const ops::StepScalar& lr, const Tensor& r, float m,
+                   float wd, const ops::ChunkClasses& k, const Tensor& c, const Tensor& gate) override {
     Timer t(*this, "lars update");
     in_.lars_update(p, g, b, lr, r, m, wd, k, c, gate);
   }

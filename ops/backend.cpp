@@ -41,6 +41,10 @@ void check_gate(const Tensor& gate, const Tensor& p, const char* who) {
 
 void check_factor(const Tensor& factor, const Tensor& y, const char* who) { check_value(factor, y, who, "factor"); }
 
+void check_step_scalar(const StepScalar& s, const Tensor& y, const char* who) {
+  if (s.at.defined()) check_value(s.at, y, who, "step value");
+}
+
 void check_copy(const Tensor& copy, const Tensor& p, const char* who) {
   if (!copy.defined()) return;
   if ((copy.dtype() != DType::f16 && copy.dtype() != DType::bf16) || copy.numel() != p.numel())

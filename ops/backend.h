@@ -57,6 +57,24 @@ void check_gate(const Tensor& gate, const Tensor& p, const char* who);
 void check_copy(const Tensor& copy, const Tensor& p, const char* who);
 void check_factor(const Tensor& factor, const Tensor& y, const char* who);
 
+// A value that changes from step to step (a learning rate, a loss scale, what the step count
+// decides): given as a number when the call is made, or as an f32 element in the op's device
+// memory, read when the work runs. The second lets one recorded call serve every step: a CUDA
+// graph replays the calls it captured with their arguments as they were, and the step's values
+// are written to device memory (Backend::set_values) before each replay (train.cuda_graph).
+struct StepScalar {
+  float value = 0;
+  Tensor at;  // f32, one element on the op's device; when defined, `value` is not read
+  StepScalar() = default;
+  StepScalar(float v) : value(v) {}  // NOLINT: a plain number is the common case
+  StepScalar(float v, Tensor on_device) : value(v), at(std::move(on_device)) {}
+};
+// Throws ShapeError naming `who` unless s.at is undefined or one f32 element on y's device.
+void check_step_scalar(const StepScalar& s, const Tensor& y, const char* who);
+// Its value where the host can read the device's memory (the CPU backend's), after the work
+// queued before it has run.
+inline float host_value(const StepScalar& s) { return s.at.defined() ? s.at.data<float>()[0] : s.value; }
+
 // Host synchronisations made by the calling thread: every Backend call that hands a device value
 // to the host counts one (read_to_host, and the calls returning a loss, a norm or a verdict), on
 // every backend alike, so a CPU test holds the training step to its budget of one per optimizer
@@ -129,6 +147,11 @@ class Backend {
   // y += alpha * x
   virtual void axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
   virtual void fill(const Tensor& y, float value) = 0;
+  // dst (f32, at most kMaxSetValues elements) = values, in the work's order (after what was
+  // queued before, before what is queued after) with no host wait; `values` may be reused once
+  // this returns. How the host hands a step's StepScalars to the device.
+  static constexpr int64_t kMaxSetValues = 64;
+  virtual void set_values(const Tensor& dst, const float* values, int64_t n) = 0;
   virtual void scale(const Tensor& y, float alpha) = 0;
   // y *= factor[0], the factor read on the device when the work runs (f32 [1]; y f32): clipping by
   // a norm the host has not read yet.
@@ -162,7 +185,7 @@ class Backend {
   virtual void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                        const Tensor& sums) = 0;
   // dlogits = (probs - onehot(labels)) * scale
-  virtual void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
+  virtual void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
                                      const Tensor& dlogits) = 0;
 
   // Converts between f32, f16 and bf16 (round to nearest even).
@@ -178,7 +201,8 @@ class Backend {
   // Device-result forms of the two above (f32 [1] outputs, no host wait): out = sum of squares;
   // nonfinite = 1 if any element of grads was inf or NaN (the caller zeroes it first).
   virtual void sum_squares_into(const Tensor& x, const Tensor& out) = 0;
-  virtual void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) = 0;
+  virtual void unscale_check_finite_into(const Tensor& grads, const StepScalar& inv_scale,
+                                         const Tensor& nonfinite) = 0;
   // The gradient norm's fixed blocks (parallel/shard_plan.h, norm_blocks), on the device:
   // out[i] = the sum of squares of segment i of x in double, rounded to f32 (out: f32, one per
   // segment); and out[0] = the sum of x's elements in index order in double, rounded to f32. The
@@ -213,16 +237,20 @@ class Backend {
   // buffer (ChunkClasses); undefined: every element is of class 1.
   // `gate`: f32 [1] on the device (step_gate's apply), read when the work runs: 0 leaves the
   // parameters, the state and the copy as they were (a skipped step). Undefined: always update.
+  // The fields that change from step to step are StepScalars (see above); first: 1 when the
+  // momentum buffer starts at the gradient (the first applied step), else 0.
   struct SgdUpdate {
-    float lr = 0, momentum = 0, coupled_wd = 0, decoupled_wd = 0;
-    bool nesterov = false, first = false;  // first: the momentum buffer starts at the gradient
+    StepScalar lr, decoupled_wd, first;
+    float momentum = 0, coupled_wd = 0;
+    bool nesterov = false;
     Tensor gate;
   };
   // classes u8: 1 = weight decay (coupled_wd / decoupled_wd), 0 = none.
   virtual void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u,
                           const ChunkClasses& classes, const Tensor& copy) = 0;
   struct AdamWUpdate {
-    float beta1 = 0, beta2 = 0, eps = 0, decay = 1, step_size = 0, inv_sqrt_bc2 = 1;
+    float beta1 = 0, beta2 = 0, eps = 0;
+    StepScalar decay = 1.f, step_size, inv_sqrt_bc2 = 1.f;
     Tensor gate;
   };
   // classes u8: 1 = p *= decay first, 0 = no decay.
@@ -237,8 +265,8 @@ class Backend {
   // LARS: buf = momentum * buf + lr * ratio * (g + wd * p); p -= buf. classes i32 (required):
   // k >= 0 = adapted with ratio ratios[k] (lars_trust_ratios' output on the device; lr * ratio
   // rounds to f32 first), -1 = a plain momentum step, ratio 1 and no weight decay.
-  virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
-                           float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
+  virtual void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, const StepScalar& lr,
+                           const Tensor& ratios, float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
                            const Tensor& gate) = 0;
 };
 

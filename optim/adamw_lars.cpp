@@ -12,20 +12,27 @@ AdamW::AdamW(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, Adam
   classes_ = upload_classes(pool, decay_classes(make_groups(reg, o.no_decay_bn_bias), chunks()));
   m_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
   v_ = Tensor::zeros(pool, {range_size()}, DType::f32, MemTag::optimizer);
+  keep_step_values(pool);
+}
+
+std::vector<float> AdamW::step_values(float lr) const {
+  const double t = static_cast<double>(steps_ + 1);  // this update's step number
+  const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), t);
+  // The decaying groups' factor (the table: 1 for the others), the step size, 1 / sqrt(bc2).
+  return {1.f - lr * o_.weight_decay, static_cast<float>(lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2))};
 }
 
 void AdamW::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) {
   auto& be = backend(params);
-  const double t = static_cast<double>(steps_ + 1);  // this update's step number
-  const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), t);
+  const std::vector<float> sv = step_values(lr);
   ops::Backend::AdamWUpdate u;
   u.beta1 = o_.beta1;
   u.beta2 = o_.beta2;
   u.eps = o_.eps;
-  u.step_size = static_cast<float>(lr / bc1);
-  u.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  u.decay = 1.f - lr * o_.weight_decay;  // the decaying groups' factor (the table: 1 for the others)
+  u.decay = step_value(sv, 0, lr);
+  u.step_size = step_value(sv, 1, lr);
+  u.inv_sqrt_bc2 = step_value(sv, 2, lr);
   u.gate = gate;
   const int64_t n = hi_ - lo_;
   if (n > 0)
@@ -56,6 +63,7 @@ Lars::Lars(const nn::ParamRegistry& reg, int64_t total, MemoryPool& pool, LarsOp
   int32_t k = 0;
   for (const auto& s : slots_) set_chunks<int32_t>(cls, s.offset, s.count, s.adapt ? k++ : -1);
   classes_ = upload_classes(pool, cls);
+  keep_step_values(pool);
 }
 
 void Lars::update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) {
@@ -68,8 +76,8 @@ void Lars::update(const Tensor& params, const Tensor& grads, float lr, const Ten
   // Every slot of the range in one call: the table gives each element its ratio and decay.
   const int64_t n = hi_ - lo_;
   if (n > 0)
-    be.lars_update(in_range(params), in_range(grads), momentum_.view(0, {n}), lr, ratios_, o_.momentum,
-                   o_.weight_decay, classes_, at_copy(copy, lo_, {n}), gate);
+    be.lars_update(in_range(params), in_range(grads), momentum_.view(0, {n}), step_value(step_values(lr), 0, lr), ratios_,
+                   o_.momentum, o_.weight_decay, classes_, at_copy(copy, lo_, {n}), gate);
 }
 
 double clip_grad_norm(const Tensor& grads, double max_norm) {

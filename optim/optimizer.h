@@ -56,6 +56,27 @@ class Optimizer {
     pending_ = true;
   }
   bool pending() const { return pending_; }  // a gated step waits for settle()
+  // The update's values that change from step to step (the learning rate, and what the step
+  // count decides: SGD's first momentum step, AdamW's bias corrections), written into the
+  // optimizer's device memory for the update after steps() applied ones (Backend::set_values: in
+  // the work's order, no host wait). An update queued while they are staged for its step and lr
+  // reads them there when it runs, not as numbers fixed at the call, so one captured update
+  // serves every later step (train.cuda_graph stages, then replays).
+  void stage(float lr) {
+    if (pending_) throw Error(name() + ": stage() while a gated step waits for settle()");
+    const std::vector<float> v = step_values(lr);
+    backend(values_).set_values(values_, v.data(), static_cast<int64_t>(v.size()));
+    staged_ = true;
+    staged_lr_ = lr;
+    staged_steps_ = steps_;
+  }
+  // A gated update captured earlier (with its values staged) was queued again by replaying it, for
+  // values staged for this step at `lr`: pending as step_gated() leaves it, for settle().
+  void replayed(float lr) {
+    if (pending_) throw Error(name() + ": a replayed update before the last one was settled");
+    if (!staged_for(lr)) throw Error(name() + ": a replayed update needs its values staged for this step (stage(lr))");
+    pending_ = true;
+  }
   void settle(bool applied) {
     if (!pending_) throw Error(name() + ": settle() without a gated step");
     pending_ = false;
@@ -74,8 +95,30 @@ class Optimizer {
 
  protected:
   ops::Backend& backend(const Tensor& on) const { return backend_ ? *backend_ : ops::backend_for(on.device()); }
-  // The update itself, for the step after steps() applied ones; it must not change steps_.
+  // The update itself, for the step after steps() applied ones; it must not change steps_. Its
+  // per-step values are step_values(lr), handed to the backend through step_value().
   virtual void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) = 0;
+  // The values that change from step to step, for the step after steps() applied ones (at most
+  // kStepValues).
+  virtual std::vector<float> step_values(float lr) const = 0;
+  static constexpr int64_t kStepValues = 4;
+  // Value i of v (= step_values(lr)): read from the device where stage(lr) put it for this step,
+  // else the number itself. A stage for another lr is an Error (the update would read that one).
+  ops::StepScalar step_value(const std::vector<float>& v, size_t i, float lr) const {
+    if (staged_ && staged_steps_ == steps_ && staged_lr_ != lr)
+      throw Error(name() + ": the update's lr " + std::to_string(lr) + " is not the lr staged for it (" +
+                  std::to_string(staged_lr_) + ")");
+    if (staged_for(lr)) return ops::StepScalar(v[i], values_.view(static_cast<int64_t>(i), {1}));
+    return ops::StepScalar(v[i]);
+  }
+  bool staged_for(float lr) const { return staged_ && staged_steps_ == steps_ && staged_lr_ == lr; }
+  // The device memory of the staged values (f32 [kStepValues], tag optimizer); every optimizer's
+  // constructor allocates it.
+  void keep_step_values(MemoryPool& pool) { values_ = Tensor::zeros(pool, {kStepValues}, DType::f32, MemTag::optimizer); }
+  Tensor values_;
+  bool staged_ = false;
+  float staged_lr_ = 0;
+  int64_t staged_steps_ = 0;
   // Fixes the range for a buffer of `total` elements; throws Error when it does not fit.
   void set_range(int64_t total, ShardRange r);
   int64_t range_size() const { return std::max<int64_t>(hi_ - lo_, 1); }  // state tensors are never empty
@@ -118,6 +161,7 @@ class Sgd : public Optimizer {
 
  protected:
   void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) override;
+  std::vector<float> step_values(float lr) const override;  // lr, decoupled decay, first
 
  private:
   SgdOptions o_;
@@ -140,6 +184,7 @@ class AdamW : public Optimizer {
 
  protected:
   void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) override;
+  std::vector<float> step_values(float lr) const override;  // decay, step size, 1 / sqrt(bias correction 2)
 
  private:
   AdamWOptions o_;
@@ -166,6 +211,7 @@ class Lars : public Optimizer {
 
  protected:
   void update(const Tensor& params, const Tensor& grads, float lr, const Tensor& copy, const Tensor& gate) override;
+  std::vector<float> step_values(float lr) const override { return {lr}; }
 
  private:
   LarsOptions o_;

@@ -62,10 +62,10 @@ struct TrainConfig {
   // cuDNN's fixed ranking instead of timing. Unset: REPLICA_DETERMINISTIC, else
   // kDeterministicByDefault (CPU runs are deterministic either way).
   std::optional<bool> deterministic;
-  // One GPU: each micro-step's forward, loss and backward captured once as a CUDA graph and
-  // replayed (train/replica_step.h). off (default until a GPU run has measured it) | on | auto
-  // (the first replay is checked against an eager pass from the same state; a difference turns
-  // graphs off, saying why).
+  // One GPU: the whole step (the micro-steps' forward, loss and backward, the step's scalars and
+  // the update) captured once as a CUDA graph and replayed (train/step_graph.h). off (default
+  // until a GPU run has measured it) | on | auto (the first replay is checked against an eager
+  // step from the same state; a difference turns graphs off, saying why).
   std::string cuda_graph = "off";
 };
 

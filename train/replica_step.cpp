@@ -45,6 +45,7 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
   }
   sync_ = std::make_unique<parallel::GradientSync>(offsets, grads_, replica.comm(), o_.buckets);
   stats_ = Tensor::empty(replica.pool(), {kStatCount}, DType::f32, MemTag::other);
+  knobs_ = Tensor::zeros(replica.pool(), {kKnobs}, DType::f32, MemTag::other);
   // The norm's blocks: all of them here, unless the reduced gradients are sharded.
   const std::vector<int64_t> blocks = parallel::norm_blocks(offsets, total);
   const int64_t nblocks = static_cast<int64_t>(blocks.size()) - 1;
@@ -66,7 +67,8 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
   if (o_.cuda_graph != "off") {
     if (const std::string why = cuda_graph_ineligible(o_, replica); !why.empty())
       throw ConfigError("train.cuda_graph: " + o_.cuda_graph + ": " + why);
-    graph_ = std::make_unique<StepGraph>(replica, model, stats_, o_.cuda_graph == "auto", o_.deterministic);
+    graph_ = std::make_unique<StepGraph>(replica, model, opt, stats_, o_.accumulation, o_.cuda_graph == "auto",
+                                         o_.deterministic);
   }
 }
 
@@ -92,16 +94,53 @@ Tensor ReplicaStep::owned_grads() const {
 }
 
 void ReplicaStep::zero_grad() {
+  deferred_ = graph_ && graph_->begin_step();
+  count_ = 0;
+  micro_seen_ = 0;
+  // The loss weight (each micro-step's loss is weighted by scale / (micro_batch * accumulation))
+  // and the scale's inverse (apply's unscale) as the step's device values: the passes and the
+  // check read them there, so a captured step serves every loss scale.
+  const float values[2] = {loss_weight(), 1.0f / (o_.scaler ? o_.scaler->scale() : 1.f)};
+  ops::backend_for(rep_.device()).set_values(knobs_.view(kKnobWeight, {2}), values, 2);
+  if (!deferred_) zero_on_device();
+}
+
+float ReplicaStep::loss_weight() const {
+  const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
+  return scale / static_cast<float>(o_.micro_batch * o_.accumulation);
+}
+
+void ReplicaStep::zero_on_device() {
   model_.zero_grad();
   sync_->zero();
   ops::backend_for(rep_.device()).fill(stats_, 0.f);
-  count_ = 0;
-  micro_seen_ = 0;
 }
 
 void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool last) {
-  auto& be = ops::backend_for(rep_.device());
   const auto t0 = std::chrono::steady_clock::now();
+  if (micro_seen_ >= o_.accumulation)
+    throw Error("ReplicaStep::micro_step: more than " + std::to_string(o_.accumulation) +
+                " micro-steps in one step (train.accumulation); apply() ends a step");
+  // A deferred step (train.cuda_graph) keeps the micro-batch for apply()'s replay; one that does
+  // not fit the graph's input slots runs the step eagerly from here.
+  if (deferred_ && !graph_->stage(micro_seen_, images, labels)) {
+    deferred_ = false;
+    zero_on_device();
+    for (int k = 0; k < micro_seen_; ++k) {
+      const auto& [im, lb] = graph_->slots()[static_cast<size_t>(k)];
+      run_pass(rep_.pool(), im, lb, false);
+    }
+  }
+  if (!deferred_) run_pass(rep_.pool(), images, labels, last);
+  phases_.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  count_ += static_cast<double>(images.dim(0));
+  micro_seen_++;
+}
+
+// Forward, loss and backward of one micro-batch, allocating from `pool`: the replica's, or a
+// captured step's own.
+void ReplicaStep::run_pass(MemoryPool& pool, const Tensor& images, const Tensor& labels, bool last) {
+  auto& be = ops::backend_for(rep_.device());
   const int rebuilt_before = sync_->rebuilds();
   sync_->begin(last);
   if (sync_->rebuilds() != rebuilt_before && rep_.rank() == 0) {
@@ -113,10 +152,8 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
   const int track = 2 * rep_.rank();
   const bool mark = o_.timeline && last && marked_steps_ < kMarkedSteps;
   if (mark) ++marked_steps_;
-  const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
-  const float weight = scale / static_cast<float>(o_.micro_batch * o_.accumulation);
-  // Forward, loss and backward, allocating from `pool`: the replica's, or a captured graph's own.
-  auto pass = [&](MemoryPool& pool, const Tensor& im, const Tensor& lb) {
+  const ops::StepScalar weight(loss_weight(), knobs_.view(kKnobWeight, {1}));
+  {
     nn::Context ctx(pool, be, true);
     ctx.act_dtype = o_.activations;
     ctx.bn_frozen = o_.bn_frozen;
@@ -134,17 +171,12 @@ void ReplicaStep::micro_step(const Tensor& images, const Tensor& labels, bool la
     std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
     fwd.emplace(o_.timeline, track, "forward", "compute");
     Tensor dlogits;
-    nn::forward_and_loss(ctx, model_, im, lb, weight, dlogits, stats_.view(kLoss, {3}));
+    nn::forward_and_loss(ctx, model_, images, labels, weight, dlogits, stats_.view(kLoss, {3}));
     fwd.reset();
     Timeline::Scope bwd(o_.timeline, track, last ? "backward (buckets all-reduce as they fill)" : "backward (no_sync)",
                         "compute");
     model_.backward(ctx, dlogits);
-  };
-  if (graph_) graph_->run(images, labels, weight, pass);
-  else pass(rep_.pool(), images, labels);
-  phases_.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  count_ += static_cast<double>(images.dim(0));
-  micro_seen_++;
+  }
 }
 
 StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
@@ -153,13 +185,18 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
                 std::to_string(o_.accumulation));
   const float scale = o_.scaler ? o_.scaler->scale() : 1.f;
   const auto t0 = std::chrono::steady_clock::now();
-  finish_gradients();
-  queue_step_scalars(stop_requested, scale);
+  // The rest of the step's values on the device (see zero_grad): the sample count, the stop vote,
+  // and the optimizer's (the learning rate and what the step count decides).
+  auto& be = ops::backend_for(rep_.device());
+  const float values[2] = {static_cast<float>(count_), stop_requested ? 1.f : 0.f};
+  be.set_values(knobs_.view(kKnobCount, {2}), values, 2);
+  opt_.stage(lr);
   // Alone in the job, the update is queued before the host reads the step's scalars: no collective
   // of the step is left to fail, and the device's verdict (step_gate) skips what the host will
   // skip, so the device goes from the backward to the update without waiting for the host. With
   // peers the host reads first, so a failed collective is found before anything changes (the
-  // survivors' state stays a completed step's: train/recovery.h).
+  // survivors' state stays a completed step's: train/recovery.h). A deferred step (train.cuda_graph,
+  // one replica) holds all of it: zeroing, the passes, the scalars and the update, one replay.
   const bool update_first = rep_.world() == 1;
   // Whichever way apply() leaves, a queued update is settled: counted only when it was applied.
   struct Settle {
@@ -170,7 +207,21 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
     }
   } settle{opt_};
   double queued = 0;  // the host's time queueing the update: the optimizer's share, not the wait's
-  if (update_first) {
+  if (deferred_) {
+    graph_->run([&](MemoryPool& pool, const StepGraph::Inputs& in) {
+      zero_on_device();
+      for (size_t k = 0; k < in.size(); ++k)
+        run_pass(pool, in[k].first, in[k].second, static_cast<int>(k) == o_.accumulation - 1);
+      finish_gradients();
+      queue_step_scalars();
+      queue_update(lr);
+    });
+    if (!opt_.pending()) opt_.replayed(lr);  // only the graph ran: its update is this step's
+  } else {
+    finish_gradients();
+    queue_step_scalars();
+  }
+  if (update_first && !deferred_) {
     const auto q0 = std::chrono::steady_clock::now();
     queue_update(lr);
     queued = std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count();
@@ -178,6 +229,7 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   }
   float host[kStatCount];
   read_step_scalars(host);
+  if (graph_ && !deferred_) graph_->end_eager();
   const auto t1 = std::chrono::steady_clock::now();
   phases_.allreduce_wait += std::chrono::duration<double>(t1 - t0).count() - queued;
   // Everything after the wait, whichever way apply() returns, is the optimizer's share.
@@ -273,14 +325,19 @@ void ReplicaStep::finish_gradients() {
 // replicas at slightly different moments; the sum makes them agree), then the finite check and
 // the squared norm of the reduced gradients, then the verdict and the clip factor (step_gate);
 // read_step_scalars copies them to the host at once.
-void ReplicaStep::queue_step_scalars(bool stop_requested, float scale) {
+void ReplicaStep::queue_step_scalars() {
   auto& be = ops::backend_for(rep_.device());
-  be.fill(stats_.view(kCount, {1}), static_cast<float>(count_));
-  be.fill(stats_.view(kStop, {1}), stop_requested ? 1.f : 0.f);
+  static_assert(kStop == kCount + 1 && kKnobStop == kKnobCount + 1, "count and stop are copied together");
+  // A device copy through the backend (f32 to f32), queued like the ops around it: a CUDA graph
+  // captures it with them.
+  be.cast(knobs_.view(kKnobCount, {2}), stats_.view(kCount, {2}));
   // The finite check first: sharded, each replica sees only its part, and the flag is summed with
   // the metrics.
   const Tensor mine = reduced_grads();
-  if (mine.defined()) be.unscale_check_finite_into(mine, 1.0f / scale, stats_.view(kNonFinite, {1}));
+  const float inv_scale = 1.0f / (o_.scaler ? o_.scaler->scale() : 1.f);
+  if (mine.defined())
+    be.unscale_check_finite_into(mine, ops::StepScalar(inv_scale, knobs_.view(kKnobInvScale, {1})),
+                                 stats_.view(kNonFinite, {1}));
   metrics_.reset();
   partials_work_.reset();
   if (rep_.world() > 1) {

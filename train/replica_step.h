@@ -77,8 +77,9 @@ struct StepOptions {
   // once a gradient bucket was sent) and "optimizer" (after the step's collectives); may throw.
   std::function<void(const char* where)> fault;
   Timeline* timeline = nullptr;  // `--trace`: slices for forward, backward, all-reduces, optimizer
-  // train.cuda_graph: "off", "on" (the micro-step captured as a CUDA graph after a warm-up and
-  // replayed) or "auto" (the same, the first replay checked against an eager pass); see
+  // train.cuda_graph: "off", "on" (the whole step captured as a CUDA graph after a warm-up and
+  // replayed: micro_step() then copies its micro-batch into the graph's inputs and apply() runs
+  // the step) or "auto" (the same, the first replay checked against an eager step); see
   // train/step_graph.h. Only where cuda_graph_ineligible says nothing.
   std::string cuda_graph = "off";
   bool deterministic = false;  // train.deterministic in force: auto's check is then bit for bit
@@ -138,7 +139,13 @@ class ReplicaStep {
   // apply()'s steps: wait for (or order after) the gradient buckets; the one host read; the
   // sharded update's all-gather of the parameters.
   void finish_gradients();
-  void queue_step_scalars(bool stop_requested, float scale);
+  void queue_step_scalars();
+  // The step's device work in pieces, the same eagerly and inside a captured step: zeroing the
+  // gradients and scalars, and one micro-batch's forward, loss and backward from `pool`.
+  void zero_on_device();
+  // Each micro-step's loss weight: the loss scale over micro_batch * accumulation.
+  float loss_weight() const;
+  void run_pass(MemoryPool& pool, const Tensor& images, const Tensor& labels, bool last);
   void read_step_scalars(float* host);
   void queue_update(float lr);
   void gather_parameters();
@@ -168,6 +175,12 @@ class ReplicaStep {
     kStatCount = 9
   };
   Tensor stats_;
+  // The step's values that change from step to step, on the device (ops::StepScalar), written by
+  // the host before the step's work: the loss weight and the scale's inverse (zero_grad), the
+  // sample count and the stop vote (apply), copied into stats_ by the step's work.
+  enum : int64_t { kKnobWeight = 0, kKnobInvScale = 1, kKnobCount = 2, kKnobStop = 3, kKnobs = 4 };
+  Tensor knobs_;
+  bool deferred_ = false;  // this step's device work waits for apply() (train.cuda_graph)
   parallel::WorkHandle metrics_, partials_work_;  // this step's scalar collectives (world > 1)
   std::unique_ptr<StepGraph> graph_;
   double count_ = 0;

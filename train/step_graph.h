@@ -1,76 +1,97 @@
-// StepGraph: train.cuda_graph on one GPU replica. A micro-step's device work (forward, loss,
-// backward) is a few hundred kernel launches whose host cost bounds small batches and small
-// models; here it runs eagerly for the first steps (cuDNN settles its algorithms, the backend its
-// scratch, and the pass's memory peak is measured), is then captured once as a CUDA graph, and
-// replayed: one launch a micro-step.
+// StepGraph: train.cuda_graph on one GPU replica. A training step's device work (zeroing, each
+// micro-batch's forward, loss and backward, the step's scalars and verdict, the update) is several
+// hundred kernel launches whose host cost bounds small batches and small models; here the first
+// steps run eagerly (cuDNN settles its algorithms, the backend its scratch, and the step's memory
+// peak is measured), the whole step is then captured once as a CUDA graph, and replayed: one
+// launch a step, and the step's one host read after it.
 //
-// A graph replays the addresses it was captured with, so everything it touches stays put:
-//  - the pass allocates from a private pool carved out of the replica's pool (tag other), which
-//    nothing else ever gets bytes of; every allocation of the captured pass is freed within it;
-//  - each micro-batch is copied into fixed input buffers (the stager alternates two slots);
-//  - the loss weight (the fp16 loss scale moves it) is baked into the loss gradient: one graph per
-//    weight (the last few kept), and a graph is captured again when the backend's scratch moved
-//    (Backend::capture_epoch).
-// verify (train.cuda_graph: auto): the first replay is compared with an eager pass from the same
-// state (gradients, batch-norm statistics, the loss sums): bit for bit in deterministic mode, else
-// within 1e-3 of each buffer's largest magnitude. A difference, like any failure to capture, turns
-// graphs off for the rest of the run, saying why, and the step goes on eagerly.
+// A graph replays the addresses and arguments it was captured with, so everything it touches stays
+// put and everything that changes from step to step is read from device memory:
+//  - the learning rate, what the step count decides (Optimizer::stage), the loss weight and the
+//    loss scale's inverse, the sample count and the stop vote are written to device memory before
+//    each replay (ops::StepScalar; the verdict and the clip factor are computed there already);
+//  - the step allocates from a private pool carved out of the replica's pool (tag other), which
+//    nothing else ever gets bytes of; every allocation of the captured step is freed within it;
+//  - each micro-batch is copied into fixed input slots as micro_step() sees it;
+//  - the graph is captured again when the backend's scratch moved (Backend::capture_epoch).
+// A step whose micro-batches do not fit the slots (another shape) runs eagerly.
+// verify (train.cuda_graph: auto): the first replay is compared with an eager step from the same
+// state (parameters, the 16-bit copy, optimizer state, gradients, batch-norm statistics and the
+// step's scalars): bit for bit in deterministic mode, else within 1e-3 of each buffer's largest
+// magnitude. A difference, like any failure to capture, turns graphs off for the rest of the run,
+// saying why, and steps go on eagerly.
 #pragma once
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/runtime.h"
 #include "core/memory_pool.h"
 #include "ops/nn/model.h"
+#include "optim/optimizer.h"
 #include "parallel/replica_group.h"
 
 namespace replica::train {
 
 class StepGraph {
  public:
-  // The pass: forward, loss and backward of one micro-batch, allocating from `pool`.
-  using Pass = std::function<void(MemoryPool& pool, const Tensor& images, const Tensor& labels)>;
-  // stats: the step's device scalars the pass adds its loss sums to.
-  StepGraph(parallel::Replica& replica, nn::Model& model, Tensor stats, bool verify, bool deterministic);
+  // The step's device work over the micro-batches in `inputs` (images, labels), allocating from
+  // `pool`: what one replay runs.
+  using Inputs = std::vector<std::pair<Tensor, Tensor>>;
+  using Body = std::function<void(MemoryPool& pool, const Inputs& inputs)>;
+  // stats: the step's device scalars; state the graph's step changes beside the model's and the
+  // optimizer's is compared through them by verify.
+  StepGraph(parallel::Replica& replica, nn::Model& model, optim::Optimizer& opt, Tensor stats, int micro_steps,
+            bool verify, bool deterministic);
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
-  // Runs one micro-step's pass: eagerly (the warm-up, a batch of another shape, or graphs off) or
-  // by replaying its graph.
-  void run(const Tensor& images, const Tensor& labels, float weight, const Pass& pass);
+  // At the step's start: true when its device work waits for run() (the warm-up is over and
+  // graphs are on); false: it runs eagerly, and a warm-up step's memory peak is measured until
+  // end_eager().
+  bool begin_step();
+  void end_eager();
+  // Micro-batch k of a deferred step, copied into its fixed slot; false when it does not fit
+  // (the caller runs the step eagerly from here, the micro-batches before it from slots()).
+  bool stage(int k, const Tensor& images, const Tensor& labels);
+  const Inputs& slots() const { return slots_; }
+  // The deferred step: captured the first time (and when the scratch moved), replayed; run
+  // eagerly over the slots when capturing fails. Returns true when `body` ran on the host this step
+  // (an eager run or a capture's check), false when only the graph was launched.
+  bool run(const Body& body);
+
   bool off() const { return !off_.empty(); }
   const std::string& off_reason() const { return off_; }
   int64_t replays() const { return replays_; }
   // One line for the run's end: replays, captures, the graph's size and the private pool.
   std::string summary() const;
 
-  static constexpr int kWarmupPasses = 2;
+  static constexpr int kWarmupSteps = 2;
 
  private:
-  struct Entry {
-    float weight = 0;
-    uint64_t epoch = 0;
-    std::unique_ptr<cuda::CapturedGraph> graph;
-  };
-  bool prepare(const Tensor& images, const Tensor& labels);
-  Entry& capture(float weight, const Pass& pass);
-  void check(Entry& e, const Tensor& images, const Tensor& labels, const Pass& pass);
+  void capture(const Body& body);
+  bool check(const Body& body);
   void turn_off(const std::string& why);
+  std::vector<Tensor> state();  // what a step changes, for check()
 
   parallel::Replica& rep_;
   nn::Model& model_;
+  optim::Optimizer& opt_;
   Tensor stats_;
+  int micro_steps_;
   bool verify_, deterministic_, checked_ = false;
   int eager_ = 0;
-  size_t peak_ = 0;  // the eager passes' pool use above their start, at most
+  bool measuring_ = false;
+  size_t peak_ = 0;  // the eager steps' pool use above their start, at most
   void* block_ = nullptr;
   size_t block_bytes_ = 0;
   std::unique_ptr<MemoryPool> pool_;
-  Tensor images_, labels_;
-  std::vector<Entry> cache_;
+  Inputs slots_;
+  std::unique_ptr<cuda::CapturedGraph> graph_;
+  uint64_t epoch_ = 0;
   std::string off_;
   int64_t captures_ = 0, replays_ = 0;
   size_t nodes_ = 0;

@@ -641,9 +641,9 @@ void Trainer::print_start() const {
                 !cuda_graph_note_.empty()
                     ? ("eager, " + cuda_graph_note_).c_str()
                     : cfg_.train.cuda_graph == "auto"
-                          ? "each micro-step captured as a CUDA graph after 2 eager steps, the first replay checked "
-                            "against an eager pass, then replayed"
-                          : "each micro-step captured as a CUDA graph after 2 eager steps, then replayed");
+                          ? "the whole step captured as one CUDA graph after 2 eager steps, the first replay "
+                            "checked against an eager step, then replayed"
+                          : "the whole step captured as one CUDA graph after 2 eager steps, then replayed");
   std::fflush(stdout);
 }
 

@@ -61,6 +61,7 @@ class CpuBackend : public Backend {
   void add_relu(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void axpy(float alpha, const Tensor& x, const Tensor& y) override;
   void fill(const Tensor& y, float value) override;
+  void set_values(const Tensor& dst, const float* values, int64_t n) override;
   void scale(const Tensor& y, float alpha) override;
   void scale_by(const Tensor& y, const Tensor& factor) override;
   void maxpool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
@@ -76,7 +77,7 @@ class CpuBackend : public Backend {
                                   const Tensor& probs) override;
   void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                const Tensor& sums) override;
-  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
+  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
                              const Tensor& dlogits) override;
   void cast(const Tensor& src, const Tensor& dst) override;
   double sum_squares(const Tensor& x) override;
@@ -87,7 +88,7 @@ class CpuBackend : public Backend {
   void segment_sum_squares_into(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& segments,
                                 const Tensor& out) override;
   void sum_in_order_into(const Tensor& x, const Tensor& out) override;
-  void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) override;
+  void unscale_check_finite_into(const Tensor& grads, const StepScalar& inv_scale, const Tensor& nonfinite) override;
   void read_to_host(const Tensor& src, void* dst, const std::function<void()>& poll) override;
   void rsqrt_eps(const Tensor& x, const Tensor& y, float eps) override;
   void sgd_update(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdUpdate& u,
@@ -97,8 +98,8 @@ class CpuBackend : public Backend {
   void lars_trust_ratios(const Tensor& params, const Tensor& grads,
                          const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd,
                          float eps, const Tensor& ratios) override;
-  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
-                   float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, const StepScalar& lr,
+                   const Tensor& ratios, float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
                    const Tensor& gate) override;
   void step_gate(const Tensor& stats, const StepGateAt& at, double max_norm) override;
 

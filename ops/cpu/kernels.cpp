@@ -356,6 +356,13 @@ void CpuBackend::axpy(float alpha, const Tensor& x, const Tensor& y) {
   });
 }
 
+void CpuBackend::set_values(const Tensor& dst, const float* values, int64_t n) {
+  if (dst.dtype() != DType::f32 || n < 0 || n > kMaxSetValues || dst.numel() < n)
+    throw ShapeError("set_values: " + std::to_string(n) + " values do not fit " + dst.str() + " (f32, at most " +
+                     std::to_string(kMaxSetValues) + ")");
+  std::memcpy(dst.data<float>(), values, static_cast<size_t>(n) * sizeof(float));
+}
+
 void CpuBackend::fill(const Tensor& y, float value) {
   if (y.dtype() == DType::f32) {
     std::fill_n(y.data<float>(), y.numel(), value);
@@ -520,8 +527,10 @@ Backend::LossResult CpuBackend::xent_rows(const Tensor& logits, const Tensor& la
   return r;
 }
 
-void CpuBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale,
+void CpuBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& step_scale,
                                        const Tensor& dlogits) {
+  check_step_scalar(step_scale, dlogits, "softmax_xent_backward");
+  const float scale = host_value(step_scale);
   if (run_in_f32({In(probs), Out(dlogits)},
                  [&](auto& t) { softmax_xent_backward(t[0], labels, scale, t[1]); }))
     return;
@@ -565,8 +574,9 @@ bool CpuBackend::unscale_check_finite(const Tensor& grads, float inv_scale) {
   return unscale_check(grads, inv_scale);
 }
 
-void CpuBackend::unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) {
-  if (!unscale_check(grads, inv_scale)) nonfinite.data<float>()[0] = 1.f;
+void CpuBackend::unscale_check_finite_into(const Tensor& grads, const StepScalar& inv_scale, const Tensor& nonfinite) {
+  check_step_scalar(inv_scale, grads, "unscale_check_finite_into");
+  if (!unscale_check(grads, host_value(inv_scale))) nonfinite.data<float>()[0] = 1.f;
 }
 
 bool CpuBackend::unscale_check(const Tensor& grads, float inv_scale) {

@@ -111,17 +111,18 @@ void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Ten
   check_copy(copy, params, "sgd_update");
   check_chunk_classes(classes, params, DType::u8, false, "sgd_update");
   check_gate(u.gate, params, "sgd_update");
+  for (const StepScalar* s : {&u.lr, &u.decoupled_wd, &u.first}) check_step_scalar(*s, params, "sgd_update");
   if (closed(u.gate)) return;
   // Locals and restrict: the loops vectorise (read through `u` and possibly aliased pointers,
   // every store reloaded the coefficients: 36% of the copy rate on ResNet-50's buffer).
   float* __restrict p = params.data<float>();
   const float* __restrict g = grads.data<float>();
   float* __restrict buf = momentum.data<float>();
-  const float m = u.momentum, lr = u.lr;
-  const bool first = u.first, nesterov = u.nesterov;
+  const float m = u.momentum, lr = host_value(u.lr), decoupled_wd = host_value(u.decoupled_wd);
+  const bool first = host_value(u.first) != 0.f, nesterov = u.nesterov;
   blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
     class_runs<uint8_t>(classes, lo, hi, 1, [&](int64_t a, int64_t e, uint8_t decay) {
-      const float cwd = decay ? u.coupled_wd : 0.f, dwd = decay ? u.decoupled_wd : 0.f;
+      const float cwd = decay ? u.coupled_wd : 0.f, dwd = decay ? decoupled_wd : 0.f;
       if (m == 0.f) {
         for (int64_t i = a; i < e; ++i) p[i] -= lr * (g[i] + cwd * p[i]) + dwd * p[i];
         return;
@@ -142,15 +143,17 @@ void CpuBackend::adamw_update(const Tensor& params, const Tensor& grads, const T
   check_copy(copy, params, "adamw_update");
   check_chunk_classes(classes, params, DType::u8, false, "adamw_update");
   check_gate(u.gate, params, "adamw_update");
+  for (const StepScalar* s : {&u.decay, &u.step_size, &u.inv_sqrt_bc2}) check_step_scalar(*s, params, "adamw_update");
   if (closed(u.gate)) return;
   float* __restrict p = params.data<float>();
   const float* __restrict g = grads.data<float>();
   float* __restrict m = m1.data<float>();
   float* __restrict v = m2.data<float>();
-  const float b1 = u.beta1, b2 = u.beta2, step = u.step_size, ibc2 = u.inv_sqrt_bc2, eps = u.eps;
+  const float b1 = u.beta1, b2 = u.beta2, step = host_value(u.step_size), ibc2 = host_value(u.inv_sqrt_bc2);
+  const float eps = u.eps, decay_factor = host_value(u.decay);
   blocks_with_copy(params.numel(), p, copy, [&](int64_t lo, int64_t hi) {
     class_runs<uint8_t>(classes, lo, hi, 1, [&](int64_t a, int64_t e, uint8_t decay) {
-      const float dc = decay ? u.decay : 1.f;
+      const float dc = decay ? decay_factor : 1.f;
       for (int64_t i = a; i < e; ++i) {
         const float pi = p[i] * dc;
         const float mi = b1 * m[i] + (1.f - b1) * g[i];
@@ -186,14 +189,16 @@ void CpuBackend::lars_trust_ratios(const Tensor& params, const Tensor& grads,
   }
 }
 
-void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Tensor& momentum, float lr,
-                             const Tensor& ratios, float mom, float wd, const ChunkClasses& classes,
-                             const Tensor& copy, const Tensor& gate) {
+void CpuBackend::lars_update(const Tensor& params, const Tensor& grads, const Tensor& momentum,
+                             const StepScalar& step_lr, const Tensor& ratios, float mom, float wd,
+                             const ChunkClasses& classes, const Tensor& copy, const Tensor& gate) {
   require_f32({&params, &grads, &momentum}, "lars_update");
   check_copy(copy, params, "lars_update");
   check_chunk_classes(classes, params, DType::i32, true, "lars_update");
   check_gate(gate, params, "lars_update");
+  check_step_scalar(step_lr, params, "lars_update");
   if (closed(gate)) return;
+  const float lr = host_value(step_lr);
   if (ratios.defined()) require_f32({&ratios}, "lars_update");
   float* __restrict p = params.data<float>();
   const float* __restrict g = grads.data<float>();

@@ -63,6 +63,11 @@ cuk::DPtr copy_ptr(const Tensor& copy, const Tensor& p, const char* who) {
   check_copy(copy, p, who);
   return copy.defined() ? dp(copy) : cuk::DPtr{};
 }
+// A StepScalar as the kernels take it, checked (ShapeError naming `who`).
+cuk::Knob knob(const StepScalar& s, const Tensor& y, const char* who) {
+  check_step_scalar(s, y, who);
+  return {s.value, s.at.defined() ? s.at.data<float>() : nullptr};
+}
 // The update's gate (null when there is none).
 const float* gate_ptr(const Tensor& gate) { return gate.defined() ? gate.data<float>() : nullptr; }
 // The group table's entries (null when there is none).
@@ -580,6 +585,12 @@ class CudaBackend final : public Backend {
     require_float(y, "fill");
     cuk::fill(dp(y), value, y.numel(), stream());
   }
+  void set_values(const Tensor& dst, const float* values, int64_t n) override {
+    if (dst.dtype() != DType::f32 || n < 0 || n > kMaxSetValues || dst.numel() < n)
+      throw ShapeError("set_values: " + std::to_string(n) + " values do not fit " + dst.str() + " (f32, at most " +
+                       std::to_string(kMaxSetValues) + ")");
+    cuk::set_values(dst.data<float>(), values, static_cast<int>(n), stream());
+  }
   void scale(const Tensor& y, float alpha) override { cuk::scale(dp(y), alpha, y.numel(), stream()); }
   void scale_by(const Tensor& y, const Tensor& factor) override {
     require_f32(y, "scale_by");
@@ -656,8 +667,10 @@ class CudaBackend final : public Backend {
     cuk::xent_fold(result, reinterpret_cast<int*>(result + 1), sums.data<float>(), stream());
   }
 
-  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, float scale, const Tensor& dlogits) override {
-    cuk::softmax_xent_backward(dp(probs), labels.data<int32_t>(), scale, dp(dlogits), as_int(probs.dim(0), "xent"),
+  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
+                             const Tensor& dlogits) override {
+    cuk::softmax_xent_backward(dp(probs), labels.data<int32_t>(), knob(scale, dlogits, "softmax_xent_backward"),
+                               dp(dlogits), as_int(probs.dim(0), "xent"),
                                as_int(probs.dim(1), "xent"), stream());
   }
 
@@ -674,8 +687,8 @@ class CudaBackend final : public Backend {
   // blocks, LARS's tensors) are the same every step: each distinct one is uploaded once and kept
   // for the thread's life (ThreadState::segment_tables), so a step stages no pageable copy for
   // them (a copy the driver may order after the stream's queued work, and one no CUDA graph may
-  // hold). Past kKeptSegmentTables distinct tables, or inside a capture, a table is staged into
-  // the scratch per call, as before.
+  // hold). Past kKeptSegmentTables distinct tables a table is staged into the scratch per call;
+  // inside a CUDA graph capture, a table not kept is an error.
   struct SegmentTable {
     const int64_t* table;
     void* extra;
@@ -686,6 +699,13 @@ class CudaBackend final : public Backend {
       if (off < 0 || off + cnt > x.numel()) throw ShapeError(std::string(who) + ": segment past the end of " + x.str());
     auto& ts = state();
     if (const int64_t* kept = kept_table(segments)) return {kept, extra ? ts.get_scratch(extra) : nullptr};
+    // A copy from this call's host vector would sit in a captured graph and read freed memory at
+    // every replay: a table first seen inside a capture fails it (train.cuda_graph then runs eagerly).
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    REPLICA_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+      throw CudaError(std::string(who) + ": a segment table not kept before the CUDA graph capture (" +
+                      std::to_string(segments.size()) + " segments); the eager steps before it keep the step's tables");
     const std::vector<int64_t> oc = flatten(segments);
     const size_t bytes = oc.size() * sizeof(int64_t);
     auto* d = static_cast<char*>(ts.get_scratch(bytes + extra));
@@ -756,7 +776,7 @@ class CudaBackend final : public Backend {
     auto& ts = state();
     int* flag = static_cast<int*>(ts.get_scratch(sizeof(int)));
     REPLICA_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
-    cuk::unscale_check(grads.data<float>(), grads.numel(), inv_scale, flag, stream());
+    cuk::unscale_check(grads.data<float>(), grads.numel(), cuk::Knob{inv_scale, nullptr}, flag, stream());
     int bad = 0;
     fetch(ts, flag, &bad, sizeof bad);
     return bad == 0;
@@ -792,10 +812,11 @@ class CudaBackend final : public Backend {
     cuk::sum_in_order(x.data<float>(), x.numel(), out.data<float>(), stream());
   }
 
-  void unscale_check_finite_into(const Tensor& grads, float inv_scale, const Tensor& nonfinite) override {
+  void unscale_check_finite_into(const Tensor& grads, const StepScalar& inv_scale, const Tensor& nonfinite) override {
     require_f32(grads, "unscale_check_finite");
     require_f32(nonfinite, "unscale_check_finite (flag)");
-    cuk::unscale_check(grads.data<float>(), grads.numel(), inv_scale, nonfinite.data<float>(), stream());
+    cuk::unscale_check(grads.data<float>(), grads.numel(), knob(inv_scale, grads, "unscale_check_finite_into"),
+                       nonfinite.data<float>(), stream());
   }
 
   void read_to_host(const Tensor& src, void* dst, const std::function<void()>& poll) override {
@@ -832,7 +853,8 @@ class CudaBackend final : public Backend {
     check_chunk_classes(classes, p, DType::u8, false, "sgd_update");
     check_gate(u.gate, p, "sgd_update");
     cuk::sgd_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), table<uint8_t>(classes),
-                    classes.base, u.lr, u.momentum, u.coupled_wd, u.decoupled_wd, u.nesterov, u.first,
+                    classes.base, knob(u.lr, p, "sgd_update"), u.momentum, u.coupled_wd,
+                    knob(u.decoupled_wd, p, "sgd_update"), u.nesterov, knob(u.first, p, "sgd_update"),
                     copy_ptr(copy, p, "sgd_update"), gate_ptr(u.gate), stream());
   }
   void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWUpdate& u,
@@ -841,8 +863,9 @@ class CudaBackend final : public Backend {
     check_chunk_classes(classes, p, DType::u8, false, "adamw_update");
     check_gate(u.gate, p, "adamw_update");
     cuk::adamw_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(),
-                      table<uint8_t>(classes), classes.base, u.beta1, u.beta2, u.eps, u.decay, u.step_size,
-                      u.inv_sqrt_bc2, copy_ptr(copy, p, "adamw_update"), gate_ptr(u.gate), stream());
+                      table<uint8_t>(classes), classes.base, u.beta1, u.beta2, u.eps, knob(u.decay, p, "adamw_update"),
+                      knob(u.step_size, p, "adamw_update"), knob(u.inv_sqrt_bc2, p, "adamw_update"),
+                      copy_ptr(copy, p, "adamw_update"), gate_ptr(u.gate), stream());
   }
   void lars_trust_ratios(const Tensor& params, const Tensor& grads,
                          const std::vector<std::pair<int64_t, int64_t>>& segments, float trust, float wd, float eps,
@@ -884,7 +907,7 @@ class CudaBackend final : public Backend {
   }
   // The table's entries name ratios: the caller (optim::Lars) builds both, so the kernel trusts
   // them (checking each entry would be a pass over the table).
-  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, float lr, const Tensor& ratios,
+  void lars_update(const Tensor& p, const Tensor& g, const Tensor& buf, const StepScalar& lr, const Tensor& ratios,
                    float momentum, float wd, const ChunkClasses& classes, const Tensor& copy,
                    const Tensor& gate) override {
     for (const Tensor* t : {&p, &g, &buf}) require_f32(*t, "lars_update");
@@ -892,7 +915,8 @@ class CudaBackend final : public Backend {
     check_gate(gate, p, "lars_update");
     if (ratios.defined()) require_f32(ratios, "lars_update");
     cuk::lars_update(p.data<float>(), g.data<float>(), buf.data<float>(), p.numel(), table<int32_t>(classes),
-                     classes.base, lr, ratios.defined() ? ratios.data<float>() : nullptr, momentum, wd,
+                     classes.base, knob(lr, p, "lars_update"), ratios.defined() ? ratios.data<float>() : nullptr,
+                     momentum, wd,
                      copy_ptr(copy, p, "lars_update"), gate_ptr(gate), stream());
   }
   void step_gate(const Tensor& stats, const StepGateAt& at, double max_norm) override {

@@ -230,6 +230,17 @@ __global__ void k_axpy(float alpha, DPtr x, DPtr y, int64_t n) {
   unrolled(n, [&](int64_t i) { return ld(y.p, y.dt, i) + alpha * ld(x.p, x.dt, i); },
            [&](int64_t i, float v) { st(y.mut(), y.dt, i, v); });
 }
+// set_values: the values travel in the launch's arguments, copied when the launch is made, so the
+// host's buffer is free at once (the step's values are set outside the CUDA graph that reads them:
+// a captured launch would keep the values it was captured with).
+constexpr int kMaxValues = 64;
+struct Values {
+  float v[kMaxValues];
+};
+__global__ void k_set_values(float* y, int n, Values v) {
+  if (static_cast<int>(threadIdx.x) < n) y[threadIdx.x] = v.v[threadIdx.x];
+}
+
 __global__ void k_fill(DPtr y, float v, int64_t n) {
   GRID_STRIDE(i, n) st(y.mut(), y.dt, i, v);
 }
@@ -332,7 +343,8 @@ __global__ void k_lars_ratios(const double* part, const int64_t* first, const in
 }
 
 template <typename Flag>
-__global__ void k_unscale_check(float* g, int64_t n, float inv, Flag* nonfinite) {
+__global__ void k_unscale_check(float* g, int64_t n, Knob inv_scale, Flag* nonfinite) {
+  const float inv = inv_scale.get();
   bool bad = false;
   GRID_STRIDE(i, n) {
     const float v = g[i];
@@ -404,9 +416,11 @@ __device__ __forceinline__ float lars_one(float p, float g, float& b, float2 c, 
   return p - b;
 }
 
-__global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
-                      float m, float cwd, float dwd, bool nesterov, bool first, DPtr copy, const float* gate) {
+__global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, Knob lr_k,
+                      float m, float cwd, Knob dwd_k, bool nesterov, Knob first_k, DPtr copy, const float* gate) {
   if (closed(gate)) return;
+  const float lr = lr_k.get(), dwd = dwd_k.get();
+  const bool first = first_k.get() != 0.f;
   GRID_STRIDE(i, n) {
     const bool d = decays(cls, base, i);
     float b = m != 0.f && !first ? buf[i] : 0.f;  // the first step starts the buffer
@@ -417,9 +431,10 @@ __global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, const uin
 }
 
 __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
-                        float b1, float b2, float eps, float decay, float step, float inv_sqrt_bc2, DPtr copy,
+                        float b1, float b2, float eps, Knob decay_k, Knob step_k, Knob ibc2_k, DPtr copy,
                         const float* gate) {
   if (closed(gate)) return;
+  const float decay = decay_k.get(), step = step_k.get(), inv_sqrt_bc2 = ibc2_k.get();
   GRID_STRIDE(i, n) {
     float mi = m[i], vi = v[i];
     const float pv = adamw_one(p[i], g[i], mi, vi, b1, b2, eps, decays(cls, base, i) ? decay : 1.f, step, inv_sqrt_bc2);
@@ -429,9 +444,10 @@ __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n,
   }
 }
 
-__global__ void k_lars(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
+__global__ void k_lars(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, Knob lr_k,
                        const float* ratios, float m, float wd, DPtr copy, const float* gate) {
   if (closed(gate)) return;
+  const float lr = lr_k.get();
   GRID_STRIDE(i, n) {
     float b = buf[i];
     const float v = lars_one(p[i], g[i], b, lars_coefficients(cls, base, i, lr, ratios, wd), m);
@@ -453,9 +469,11 @@ __device__ __forceinline__ void store_params8(float* p, T* copy, int64_t i, cons
 }
 
 template <typename T>
-__global__ void k_sgd8(float* p, const float* g, float* buf, int64_t nv, const uint8_t* cls, int64_t base, float lr,
-                       float m, float cwd, float dwd, bool nesterov, bool first, T* copy, const float* gate) {
+__global__ void k_sgd8(float* p, const float* g, float* buf, int64_t nv, const uint8_t* cls, int64_t base, Knob lr_k,
+                       float m, float cwd, Knob dwd_k, bool nesterov, Knob first_k, T* copy, const float* gate) {
   if (closed(gate)) return;
+  const float lr = lr_k.get(), dwd = dwd_k.get();
+  const bool first = first_k.get() != 0.f;
   GRID_STRIDE(v, nv) {
     const int64_t i = v * kVec;
     const bool d = decays(cls, base, i);
@@ -473,9 +491,10 @@ __global__ void k_sgd8(float* p, const float* g, float* buf, int64_t nv, const u
 
 template <typename T>
 __global__ void k_adamw8(float* p, const float* g, float* m, float* v, int64_t nv, const uint8_t* cls, int64_t base,
-                         float b1, float b2, float eps, float decay, float step, float inv_sqrt_bc2, T* copy,
+                         float b1, float b2, float eps, Knob decay_k, Knob step_k, Knob ibc2_k, T* copy,
                          const float* gate) {
   if (closed(gate)) return;
+  const float decay = decay_k.get(), step = step_k.get(), inv_sqrt_bc2 = ibc2_k.get();
   GRID_STRIDE(k, nv) {
     const int64_t i = k * kVec;
     const float dc = decays(cls, base, i) ? decay : 1.f;
@@ -493,9 +512,10 @@ __global__ void k_adamw8(float* p, const float* g, float* m, float* v, int64_t n
 }
 
 template <typename T>
-__global__ void k_lars8(float* p, const float* g, float* buf, int64_t nv, const int32_t* cls, int64_t base, float lr,
+__global__ void k_lars8(float* p, const float* g, float* buf, int64_t nv, const int32_t* cls, int64_t base, Knob lr_k,
                         const float* ratios, float m, float wd, T* copy, const float* gate) {
   if (closed(gate)) return;
+  const float lr = lr_k.get();
   GRID_STRIDE(v, nv) {
     const int64_t i = v * kVec;
     const float2 c = lars_coefficients(cls, base, i, lr, ratios, wd);
@@ -1149,7 +1169,8 @@ __global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, double*
   }
 }
 
-__global__ void k_xent_bwd(DPtr probs, const int32_t* labels, float scale, DPtr d, int N, int K) {
+__global__ void k_xent_bwd(DPtr probs, const int32_t* labels, Knob scale_k, DPtr d, int N, int K) {
+  const float scale = scale_k.get();
   GRID_STRIDE(i, static_cast<int64_t>(N) * K) {
     const int n = static_cast<int>(i / K), k = static_cast<int>(i % K);
     st(d.mut(), d.dt, i, (ld(probs.p, probs.dt, i) - (k == labels[n] ? 1.f : 0.f)) * scale);
@@ -1220,6 +1241,14 @@ void axpy(float alpha, DPtr x, DPtr y, int64_t n, cudaStream_t s) {
   if (!map8(y, x, y, n, AxpyOp{alpha}, s, false, true)) LAUNCH_UNROLLED(k_axpy, n, s, alpha, x, y, n);
 }
 void fill(DPtr y, float v, int64_t n, cudaStream_t s) { LAUNCH(k_fill, n, s, y, v, n); }
+void set_values(float* y, const float* values, int n, cudaStream_t s) {
+  if (n <= 0) return;
+  if (n > kMaxValues) throw ShapeError("set_values: " + std::to_string(n) + " values, at most " + std::to_string(kMaxValues));
+  Values v{};
+  for (int i = 0; i < n; ++i) v.v[i] = values[i];
+  k_set_values<<<1, kMaxValues, 0, s>>>(y, n, v);
+  check_launch("k_set_values");
+}
 void scale(DPtr y, float alpha, int64_t n, cudaStream_t s) {
   if (!map8(y, DPtr{}, y, n, ScaleOp{alpha}, s)) LAUNCH_UNROLLED(k_scale, n, s, y, alpha, n);
 }
@@ -1256,12 +1285,12 @@ void sum_in_order(const float* x, int64_t n, float* out, cudaStream_t s) {
   check_launch("k_sum_in_order");
 }
 
-void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s) {
+void unscale_check(float* g, int64_t n, Knob inv_scale, int* nonfinite, cudaStream_t s) {
   if (n <= 0) return;
   k_unscale_check<<<reduce_grid(n), kThreads, 0, s>>>(g, n, inv_scale, nonfinite);
   check_launch("k_unscale_check");
 }
-void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaStream_t s) {
+void unscale_check(float* g, int64_t n, Knob inv_scale, float* nonfinite, cudaStream_t s) {
   if (n <= 0) return;
   k_unscale_check<<<reduce_grid(n), kThreads, 0, s>>>(g, n, inv_scale, nonfinite);
   check_launch("k_unscale_check");
@@ -1288,8 +1317,8 @@ void with_copy_type(DPtr copy, Launch&& launch) {
   else throw ShapeError("optimizer update: the compute copy must be f16 or bf16");
 }
 
-void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
-                float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, const float* gate,
+void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, Knob lr,
+                float momentum, float cwd, Knob dwd, bool nesterov, Knob first, DPtr copy, const float* gate,
                 cudaStream_t s) {
   const int64_t h = vector_head(n, base, copy, {p, g, buf});
   if (h > 0) {
@@ -1303,7 +1332,7 @@ void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* 
          offset(copy, h), gate);
 }
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
-                  float beta1, float beta2, float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy,
+                  float beta1, float beta2, float eps, Knob decay, Knob step_size, Knob inv_sqrt_bc2, DPtr copy,
                   const float* gate, cudaStream_t s) {
   const int64_t h = vector_head(n, base, copy, {p, g, m, v});
   if (h > 0) {
@@ -1316,7 +1345,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
   LAUNCH(k_adamw, n - h, s, p + h, g + h, m + h, v + h, n - h, cls, base + h, beta1, beta2, eps, decay, step_size,
          inv_sqrt_bc2, offset(copy, h), gate);
 }
-void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
+void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, Knob lr,
                  const float* ratios, float momentum, float wd, DPtr copy, const float* gate, cudaStream_t s) {
   const int64_t h = vector_head(n, base, copy, {p, g, buf});
   if (h > 0) {
@@ -1555,7 +1584,7 @@ void xent_fold(const double* result, const int* counts, float* sums, cudaStream_
   k_xent_fold<<<1, 1, 0, s>>>(result, counts, sums);
   check_launch("k_xent_fold");
 }
-void softmax_xent_backward(DPtr probs, const int32_t* labels, float scale, DPtr dlogits, int N, int K, cudaStream_t s) {
+void softmax_xent_backward(DPtr probs, const int32_t* labels, Knob scale, DPtr dlogits, int N, int K, cudaStream_t s) {
   LAUNCH(k_xent_bwd, static_cast<int64_t>(N) * K, s, probs, labels, scale, dlogits, N, K);
 }
 

@@ -22,6 +22,19 @@ struct DPtr {
   REPLICA_HOST_DEVICE void* mut() const { return const_cast<void*>(p); }
 };
 
+// A value that changes from step to step (ops::StepScalar): `v`, or *at when at is set, read by
+// the kernel when it runs (a CUDA graph replays the step's calls with the values written there).
+struct Knob {
+  float v = 0;
+  const float* at = nullptr;
+#ifdef __CUDACC__
+  __device__ float get() const { return at ? *at : v; }
+#endif
+};
+
+// y[0, n) = values (n <= 64), passed as the kernel's arguments: no host buffer outlives the call.
+void set_values(float* y, const float* values, int n, cudaStream_t s);
+
 // Elementwise over n elements.
 void cast(DPtr src, DPtr dst, int64_t n, cudaStream_t s);
 void relu_forward(DPtr x, DPtr y, int64_t n, cudaStream_t s);
@@ -45,8 +58,8 @@ void segment_sum_squares(const float* x, const int64_t* offsets, const int64_t* 
 // *out = the sum of x in index order (double, rounded to f32): one thread, deterministic.
 void sum_in_order(const float* x, int64_t n, float* out, cudaStream_t s);
 // g *= inv_scale; *nonfinite set to 1 if any element was inf or NaN (caller zeroes it).
-void unscale_check(float* g, int64_t n, float inv_scale, int* nonfinite, cudaStream_t s);
-void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaStream_t s);  // sets 1.f
+void unscale_check(float* g, int64_t n, Knob inv_scale, int* nonfinite, cudaStream_t s);
+void unscale_check(float* g, int64_t n, Knob inv_scale, float* nonfinite, cudaStream_t s);  // sets 1.f
 
 // Optimizers (f32 flat buffers); formulas as in ops/cpu/optim_kernels.cpp. `copy` (p null: none):
 // the 16-bit compute copy, written with each updated parameter rounded as cast() rounds it.
@@ -54,14 +67,15 @@ void unscale_check(float* g, int64_t n, float inv_scale, float* nonfinite, cudaS
 // element i; sgd/adamw: null = every element decays.
 constexpr int kChunkShift = 4;  // ops::kParamChunk = 16 elements per entry
 // `gate` (null: none): 0 at run time leaves everything as it was (Backend::step_gate's verdict).
-void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, float lr,
-                float momentum, float cwd, float dwd, bool nesterov, bool first, DPtr copy, const float* gate,
+// The Knobs are the values that change from step to step (sgd's first: nonzero on the first step).
+void sgd_update(float* p, const float* g, float* buf, int64_t n, const uint8_t* cls, int64_t base, Knob lr,
+                float momentum, float cwd, Knob dwd, bool nesterov, Knob first, DPtr copy, const float* gate,
                 cudaStream_t s);
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const uint8_t* cls, int64_t base,
-                  float beta1, float beta2, float eps, float decay, float step_size, float inv_sqrt_bc2, DPtr copy,
+                  float beta1, float beta2, float eps, Knob decay, Knob step_size, Knob inv_sqrt_bc2, DPtr copy,
                   const float* gate, cudaStream_t s);
 // class k >= 0: lr * ratios[k] and wd; -1: lr, no decay.
-void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, float lr,
+void lars_update(float* p, const float* g, float* buf, int64_t n, const int32_t* cls, int64_t base, Knob lr,
                  const float* ratios, float momentum, float wd, DPtr copy, const float* gate, cudaStream_t s);
 // Backend::step_gate over the f32 scalars `stats` (indices into it), one thread.
 void step_gate(float* stats, int64_t loss, int64_t bad_label, int64_t nonfinite, int64_t grad_squares, int64_t apply,
@@ -136,7 +150,7 @@ void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N,
                           double* row_loss, double* result, int* counts, cudaStream_t s);
 // sums[0] += result[0], sums[1] += counts[0], sums[2] += 1 if counts[1] (one thread, on-stream).
 void xent_fold(const double* result, const int* counts, float* sums, cudaStream_t s);
-void softmax_xent_backward(DPtr probs, const int32_t* labels, float scale, DPtr dlogits, int N,
+void softmax_xent_backward(DPtr probs, const int32_t* labels, Knob scale, DPtr dlogits, int N,
                            int K, cudaStream_t s);
 
 }  // namespace replica::ops::cuk

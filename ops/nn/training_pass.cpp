@@ -3,8 +3,8 @@
 
 namespace replica::nn {
 
-void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels, float weight,
-                      Tensor& dlogits, const Tensor& sums) {
+void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels,
+                      const ops::StepScalar& weight, Tensor& dlogits, const Tensor& sums) {
   auto& be = ctx.backend();
   Tensor logits = model.forward(ctx, images);
   Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);  // softmax in f32

@@ -5,6 +5,8 @@
 // backward starts with only what it needs. The loss stays on the device: `sums` (f32 [3], see
 // Backend::softmax_xent_accumulate) gets this pass's loss sum, correct count and bad-label flag
 // added, for the step's one read; without it they go to a scratch tensor and are dropped.
+// `weight` may live on the device (ops::StepScalar): the replica step stages it there, so a
+// captured pass serves every loss scale.
 #pragma once
 #include "ops/backend.h"
 #include "ops/nn/context.h"
@@ -12,7 +14,7 @@
 
 namespace replica::nn {
 
-void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels, float weight,
-                      Tensor& dlogits, const Tensor& sums = Tensor());
+void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels,
+                      const ops::StepScalar& weight, Tensor& dlogits, const Tensor& sums = Tensor());
 
 }  // namespace replica::nn

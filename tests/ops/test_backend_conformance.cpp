@@ -656,6 +656,107 @@ TEST_P(BackendConformanceF32, OptimizerGroupTableMatchesACallPerGroup) {
   }
 }
 
+// The values that change from step to step (ops::StepScalar) read from device memory when the work
+// runs, where Backend::set_values wrote them: every op that takes one gives the bits of the same
+// value passed as a number (the number beside the device value is a decoy the op must not read);
+// the candidate within f32 rounding of the reference. set_values and a step value of the wrong
+// kind are ShapeErrors naming the op. What a captured CUDA graph relies on (train.cuda_graph).
+TEST_P(BackendConformanceF32, StepValuesAreReadFromTheDeviceWhenTheWorkRuns) {
+  const int64_t n = 1000, N = 8, K = 10;
+  const auto p0 = randv(n, 71), g0 = randv(n, 72, -0.1f, 0.1f), b0 = randv(n, 73, -0.1f, 0.1f),
+             v0 = randv(n, 74, 0.f, 0.01f), probs0 = randv(N * K, 75, 0.f, 1.f);
+  std::vector<int32_t> labels0(N);
+  for (int64_t i = 0; i < N; ++i) labels0[static_cast<size_t>(i)] = static_cast<int32_t>((i * 3) % K);
+  constexpr float kDecoy = 12345.f;
+  std::vector<float> outs[2];
+  int side = 0;
+  for (Side* s : {cpu.get(), cand.get()}) {
+    ops::Backend& be = *s->be;
+    // Device values, written by set_values: [0] loss weight, [1] inverse scale, [2] lr, [3] decoupled
+    // decay, [4] first, [5] AdamW decay, [6] step size, [7] 1 / sqrt(bc2).
+    const std::vector<float> vals = {0.125f, 0.5f, 0.1f, 0.1f * 5e-4f, 1.f, 1.f - 0.1f * 1e-2f, 0.1f / 0.19f,
+                                     1.f / std::sqrt(0.001999f)};
+    Tensor dev = s->empty({16});
+    be.fill(dev, kDecoy);
+    be.set_values(dev, vals.data(), static_cast<int64_t>(vals.size()));
+    auto at = [&](int i) { return ops::StepScalar(kDecoy, dev.view(i, {1})); };
+    auto check = [&](const char* what, const Tensor& by_value, const Tensor& by_device) {
+      EXPECT_EQ(tensor_to_bytes(by_value), tensor_to_bytes(by_device)) << what << " on " << be.name();
+      const auto f = host_floats(by_device);
+      outs[side].insert(outs[side].end(), f.begin(), f.end());
+    };
+    {  // the loss gradient's weight
+      const Tensor probs = s->put(probs0, {N, K}), labels = s->put_i32(labels0);
+      Tensor d[2] = {s->empty({N, K}), s->empty({N, K})};
+      be.softmax_xent_backward(probs, labels, vals[0], d[0]);
+      be.softmax_xent_backward(probs, labels, at(0), d[1]);
+      check("softmax_xent_backward", d[0], d[1]);
+    }
+    {  // the unscale before the finite check
+      Tensor g[2] = {s->put(g0, {n}), s->put(g0, {n})}, flag[2] = {s->put({0.f}, {1}), s->put({0.f}, {1})};
+      be.unscale_check_finite_into(g[0], vals[1], flag[0]);
+      be.unscale_check_finite_into(g[1], at(1), flag[1]);
+      check("unscale_check_finite_into", g[0], g[1]);
+    }
+    for (const std::string op : {"sgd-first", "sgd", "adamw", "lars"}) {
+      const Tensor g = s->put(g0, {n});
+      const Tensor ratios = s->put({0.5f}, {1});
+      const Tensor lars_table = s->put_i32(std::vector<int32_t>(n / ops::kParamChunk + 1, 0));
+      Tensor p[2], b[2], v[2], c[2];
+      for (int k = 0; k < 2; ++k) {
+        p[k] = s->put(p0, {n});
+        b[k] = s->put(b0, {n});
+        v[k] = s->put(v0, {n});
+        c[k] = s->empty({n}, DType::bf16);
+        const bool device = k == 1;
+        auto value = [&](int i) { return device ? at(i) : ops::StepScalar(vals[static_cast<size_t>(i)]); };
+        if (op == "adamw") {
+          ops::Backend::AdamWUpdate u;
+          u.beta1 = 0.9f;
+          u.beta2 = 0.999f;
+          u.eps = 1e-8f;
+          u.decay = value(5);
+          u.step_size = value(6);
+          u.inv_sqrt_bc2 = value(7);
+          be.adamw_update(p[k], g, b[k], v[k], u, {}, c[k]);
+        } else if (op == "lars") {
+          be.lars_update(p[k], g, b[k], value(2), ratios, 0.9f, 5e-5f, {lars_table, 0}, c[k], Tensor());
+        } else {
+          ops::Backend::SgdUpdate u;
+          u.lr = value(2);
+          u.decoupled_wd = value(3);
+          u.momentum = 0.9f;
+          u.nesterov = true;
+          // first: the device's 1, or a 0 written over it (a later step: the buffer is read)
+          if (op == "sgd" && device) {
+            const float zero = 0.f;
+            be.set_values(dev.view(4, {1}), &zero, 1);
+          }
+          u.first = op == "sgd-first" ? value(4) : (device ? at(4) : ops::StepScalar(0.f));
+          be.sgd_update(p[k], g, b[k], u, {}, c[k]);
+          if (op == "sgd" && device) be.set_values(dev.view(4, {1}), &vals[4], 1);
+        }
+      }
+      for (auto* t : {&p, &b, &v, &c}) check(op.c_str(), (*t)[0], (*t)[1]);
+    }
+    // Refused, naming the op: more values than set_values takes or than fit, a step value of i32.
+    const std::vector<float> many(ops::Backend::kMaxSetValues + 1, 1.f);
+    EXPECT_THROW(be.set_values(s->empty({128}), many.data(), static_cast<int64_t>(many.size())), ShapeError);
+    EXPECT_THROW(be.set_values(dev.view(0, {2}), vals.data(), 3), ShapeError);
+    EXPECT_THROW(be.set_values(s->empty({4}, DType::bf16), vals.data(), 2), ShapeError);
+    const Tensor probs = s->put(probs0, {N, K}), labels = s->put_i32(labels0);
+    Tensor d = s->empty({N, K});
+    try {
+      be.softmax_xent_backward(probs, labels, ops::StepScalar(1.f, labels.view(0, {1})), d);
+      ADD_FAILURE() << "an i32 step value was taken";
+    } catch (const ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find("softmax_xent_backward"), std::string::npos) << e.what();
+    }
+    side++;
+  }
+  EXPECT_LE(replica::testing::max_rel_diff(outs[1], outs[0]), 1e-6);
+}
+
 // The training step's verdict on the device (Backend::step_gate) and the clip by a factor the host
 // has not read (scale_by): every case of the host's verdict, the same bits on both backends, and
 // scale_by the bits of scale by the same factor.
@@ -755,7 +856,7 @@ struct GpuRun {
   std::map<std::string, std::string> checkpoint;
   std::vector<float> params, grads, buffers;  // replica 0's masters (unsharded runs), gradients, statistics
   std::vector<nn::ParamSlot> slots;
-  int64_t graph_replays = -1;  // train.cuda_graph on replica 0: micro-steps replayed (-1: off)
+  int64_t graph_replays = -1;  // train.cuda_graph on replica 0: steps replayed (-1: off)
   std::string graph_summary;
 };
 GpuRun gpu_run(const std::vector<std::string>& sets, const std::string& resume = "") {
@@ -905,16 +1006,21 @@ TEST(CudaTraining, DeterministicRunsAreBitIdenticalTwiceAcrossResumeAndSharding)
   }
 }
 
-// train.cuda_graph: after two eager steps the micro-step is captured as a CUDA graph and replayed.
-// In deterministic mode a graphed run is the eager run bit for bit (model file, every checkpoint
-// section, every step's loss, verdict and scale) in fp32, fp16 (the scaler's skips and growth
-// change the loss weight: a graph per weight) and bf16, with two micro-steps a step in fp32; auto
-// checks its first replay against an eager pass and stays on. The graphs must have replayed.
+// train.cuda_graph: after two eager steps the whole step (zeroing, the passes, the step's scalars
+// and verdict, the update) is captured as one CUDA graph and replayed, its values that change from
+// step to step read from device memory. In deterministic mode a graphed run is the eager run bit
+// for bit (model file, every checkpoint section, every step's loss, verdict and scale) in fp32,
+// fp16 (the scaler's skips and growth change the loss weight and the unscale: one graph serves
+// them) and bf16 with AdamW (its bias corrections change every step), under a cosine schedule (the
+// learning rate changes every step), with two micro-steps a step in fp32; auto checks its first
+// replay against an eager step and stays on. The graphs must have replayed.
 TEST(CudaTraining, GraphedStepsAreBitIdenticalToEagerOnes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
   for (const char* precision : {"fp32", "fp16", "bf16"}) {
     const std::string p = precision;
-    std::vector<std::string> extra = {"train.deterministic=true"};
+    std::vector<std::string> extra = {"train.deterministic=true", "optim.schedule=cosine"};
+    if (p == "bf16")
+      for (const char* k : {"optim.name=adamw", "optim.lr=0.002"}) extra.push_back(k);
     if (p == "fp16")
       for (const char* k : {"train.loss_scale=dynamic", "train.loss_scale_init=1048576", "train.loss_scale_growth_interval=2"})
         extra.push_back(k);

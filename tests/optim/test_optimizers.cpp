@@ -144,6 +144,63 @@ TEST(FusedComputeCopy, TheUpdateWritesTheCastBits) {
   EXPECT_THROW(sgd.step(p, g, 0.1f, Tensor::zeros(*pool, {total}, DType::f32, MemTag::params)), ShapeError);
 }
 
+// Optimizer::stage: the step's values (the learning rate, what the step count decides) written to
+// the device and read there by the update give the bits of the same update given numbers, over
+// steps whose learning rate changes and with a skipped step (gate 0, settle(false): the next step
+// is again a first step for SGD's momentum and AdamW's bias correction). An update for another lr
+// than the staged one, and a replay (Optimizer::replayed) with nothing staged for the step, are
+// Errors; a replay staged for its step waits for settle() like a gated step.
+TEST(StagedStepValues, AStagedUpdateGivesTheBitsOfOneGivenNumbers) {
+  auto pool = make_pool({DeviceKind::cpu, 0}, PoolOptions{});
+  nn::ParamRegistry reg;
+  reg.add_param({"a.weight", {300}, nn::ParamKind::weight, nn::Init::zeros, 1, 0, nullptr, nullptr});
+  reg.add_param({"a.bn.weight", {20}, nn::ParamKind::bn_gamma, nn::Init::ones, 1, 304, nullptr, nullptr});
+  const int64_t total = 324;
+  auto bits = [](const Tensor& t) { return std::string(static_cast<const char*>(t.raw()), t.nbytes()); };
+  for (const std::string name : {"sgd", "sgd-decoupled", "adamw", "lars"}) {
+    auto make = [&]() -> std::unique_ptr<Optimizer> {
+      if (name == "adamw") return std::make_unique<AdamW>(reg, total, *pool, AdamWOptions{});
+      if (name == "lars") return std::make_unique<Lars>(reg, total, *pool, LarsOptions{});
+      SgdOptions o;
+      o.decoupled = name == "sgd-decoupled";
+      return std::make_unique<Sgd>(reg, total, *pool, o);
+    };
+    std::mt19937 rng(11);
+    std::normal_distribution<float> d(0.f, 1.f);
+    Tensor p1 = Tensor::empty(*pool, {total}, DType::f32, MemTag::params);
+    Tensor g = Tensor::empty(*pool, {total}, DType::f32, MemTag::grads);
+    for (int64_t i = 0; i < total; ++i) p1.data<float>()[i] = d(rng), g.data<float>()[i] = 0.01f * d(rng);
+    Tensor p2 = Tensor::empty(*pool, {total}, DType::f32, MemTag::params);
+    copy_tensor(p1, p2);
+    const Tensor open = Tensor::zeros(*pool, {1}, DType::f32, MemTag::other);
+    const Tensor shut = Tensor::zeros(*pool, {1}, DType::f32, MemTag::other);
+    open.data<float>()[0] = 1.f;
+    auto staged = make(), given = make();
+    const float lrs[] = {0.1f, 0.07f, 0.05f, 0.02f, 0.01f};
+    for (int step = 0; step < 5; ++step) {
+      const bool apply = step != 0;  // the first step skipped: the next one starts the state
+      staged->stage(lrs[step]);
+      staged->step_gated(p1, g, lrs[step], Tensor(), apply ? open : shut);
+      staged->settle(apply);
+      if (apply) given->step(p2, g, lrs[step]);
+      ASSERT_EQ(bits(p1), bits(p2)) << name << ": parameters at step " << step;
+      for (size_t k = 0; k < staged->state().size(); ++k)
+        ASSERT_EQ(bits(*staged->state()[k]), bits(*given->state()[k])) << name << ": state " << k << " at step " << step;
+      ASSERT_EQ(staged->steps(), given->steps());
+    }
+    staged->stage(0.5f);
+    EXPECT_THROW(staged->step_gated(p1, g, 0.25f, Tensor(), open), Error) << name << ": another lr than the staged one";
+    EXPECT_FALSE(staged->pending());
+    EXPECT_THROW(staged->replayed(0.25f), Error) << name;
+    staged->replayed(0.5f);
+    EXPECT_TRUE(staged->pending());
+    EXPECT_THROW(staged->stage(0.5f), Error) << name << ": staging while a replayed update waits";
+    staged->settle(true);
+    EXPECT_EQ(staged->steps(), given->steps() + 1);
+    EXPECT_THROW(staged->replayed(0.5f), Error) << name << ": the values were staged for the step before";
+  }
+}
+
 // The optimizers update every group in one call through a table with one entry per 16 elements
 // (ops::ChunkClasses), which needs each slot to start on a chunk boundary: a registry laid out
 // otherwise is refused by name at construction, not updated with a neighbour's coefficients.
