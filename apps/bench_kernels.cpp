@@ -14,6 +14,7 @@
 #include "core/errors.h"
 #include "core/pools.h"
 #include "ops/backend.h"
+#include "ops/cuda/cudnn_fused_bn.h"
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
 
@@ -49,10 +50,11 @@ struct Op {
   const char* name;
   double bytes;
   std::function<void()> run;
+  bool own = true;  // the backend's kernel (judged by the slowest figure); false: cuDNN's, beside it
 };
 
 // Times and prints each row under `label`, against the first row (the copy of the same bytes);
-// returns the slowest non-copy row's fraction of the copy rate.
+// returns the slowest of the backend's own rows' fraction of the copy rate (cuDNN's rows are beside them).
 double print_rows(const std::string& label, const std::vector<Op>& rows, bool gpu, int reps) {
   double copy_gbs = 0, worst = 1e30;
   for (const Op& op : rows) {
@@ -60,7 +62,7 @@ double print_rows(const std::string& label, const std::vector<Op>& rows, bool gp
     const double gbs = op.bytes / t / 1e9;
     if (copy_gbs == 0) copy_gbs = gbs;
     const double vs = gbs / copy_gbs;
-    if (&op != &rows.front()) worst = std::min(worst, vs);
+    if (&op != &rows.front() && op.own) worst = std::min(worst, vs);
     std::printf("%-12s %-34s %10.1f %10.1f %9.1f %7.0f%%\n", label.c_str(), op.name, op.bytes / 1e6, t * 1e6, gbs,
                 100 * vs);
   }
@@ -104,6 +106,30 @@ double bench_shape(ops::Backend& be, MemoryPool& pool, int64_t N, int64_t H, int
       {"batch norm + relu backward", 7 * nb,  // the mask read and dy written back masked (in place)
        [&] { be.batchnorm_backward(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, nullptr, r); }},
   };
+  // cuDNN's own fused join beside the backend's (#40: which one the backend uses is chosen by
+  // this table): the same outputs, relu(bn(x) + residual) forward; batch norm's input gradient and
+  // the residual's (the masked dy) backward. Where cuDNN does not serve the shape or dtype, a line
+  // says what it answered.
+  ops::CudnnJoin cj;
+  if (gpu && dt != DType::f32) {
+    try {
+      cj = {.x = x, .residual = r, .y = Tensor::empty(pool, sh, dt, MemTag::activations), .gamma = gamma, .beta = beta,
+            .save_mean = mean, .save_invstd = invstd, .running_mean = rm, .running_var = rv};
+      const size_t reserve = ops::cudnn_join_reserve_bytes(x);
+      if (reserve) cj.reserve = Tensor::empty(pool, {static_cast<int64_t>(reserve)}, DType::u8, MemTag::workspace);
+      cj.dy = dy, cj.dx = Tensor::empty(pool, sh, dt, MemTag::activations);
+      cj.dresidual = Tensor::empty(pool, sh, dt, MemTag::activations), cj.dgamma = dgamma, cj.dbeta = dbeta;
+      ops::cudnn_join_forward(cj, 0.1f, 1e-5f, pool);
+      ops::cudnn_join_backward(cj, 1e-5f, pool);
+      rows.push_back(
+          {"cuDNN bn + add + relu forward (Ex)", 4 * nb, [&] { ops::cudnn_join_forward(cj, 0.1f, 1e-5f, pool); }, false});
+      rows.push_back(
+          {"cuDNN bn + add + relu backward (Ex)", 5 * nb, [&] { ops::cudnn_join_backward(cj, 1e-5f, pool); }, false});
+    } catch (const std::exception& e) {
+      std::printf("%-12s (cuDNN's fused join not timed: %s)\n",
+                  (std::to_string(H) + "x" + std::to_string(W) + "x" + std::to_string(C)).c_str(), e.what());
+    }
+  }
   Tensor stem, argmax;  // ResNet-50's stem pooling: 3x3 stride 2 from 112x112x64 to this shape
   if (H == 56 && C == 64) {
     stem = Tensor::empty(pool, {N, 2 * H, 2 * W, C}, dt, MemTag::activations);

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "core/captured_work.h"
 #include "core/cuda/runtime.h"
 #include "core/errors.h"
 
@@ -42,8 +43,12 @@ Tensor Tensor::empty(MemoryPool& pool, Shape shape, DType dtype, MemTag tag, Str
 
 Tensor Tensor::zeros(MemoryPool& pool, Shape shape, DType dtype, MemTag tag) {
   Tensor t = empty(pool, shape, dtype, tag);
-  if (pool.device().kind == DeviceKind::cpu) std::memset(t.raw(), 0, t.nbytes());
-  else cuda::memset_zero(t.raw(), t.nbytes(), nullptr);
+  if (pool.device().kind == DeviceKind::cpu) {
+    if (CallRecording* r = call_recording())  // the recorded work zeroes it (core/captured_work.h)
+      r->add([p = t.raw(), n = t.nbytes()] { std::memset(p, 0, n); });
+    else
+      std::memset(t.raw(), 0, t.nbytes());
+  } else cuda::memset_zero(t.raw(), t.nbytes(), nullptr);
   return t;
 }
 
@@ -89,7 +94,10 @@ void copy_tensor(const Tensor& src, const Tensor& dst, Stream* stream) {
   if (src.nbytes() != dst.nbytes())
     throw ShapeError("copy_tensor: " + src.str() + " and " + dst.str() + " differ in size");
   if (src.device().kind == DeviceKind::cpu && dst.device().kind == DeviceKind::cpu) {
-    std::memmove(dst.raw(), src.raw(), src.nbytes());
+    if (CallRecording* r = call_recording())
+      r->add([d = dst.raw(), s = src.raw(), n = src.nbytes()] { std::memmove(d, s, n); });
+    else
+      std::memmove(dst.raw(), src.raw(), src.nbytes());
     return;
   }
   cuda::copy(dst.raw(), src.raw(), src.nbytes(), stream);
@@ -97,6 +105,7 @@ void copy_tensor(const Tensor& src, const Tensor& dst, Stream* stream) {
 
 std::string tensor_to_bytes(const Tensor& t) {
   std::string out(t.nbytes(), '\0');
+  recording_refuses("tensor_to_bytes");
   if (t.device().kind == DeviceKind::cpu) std::memcpy(out.data(), t.raw(), out.size());
   else cuda::copy(out.data(), t.raw(), out.size(), nullptr);
   return out;
@@ -106,6 +115,7 @@ void tensor_from_bytes(const Tensor& t, const void* data, size_t bytes) {
   if (bytes != t.nbytes())
     throw ShapeError("tensor_from_bytes: " + std::to_string(bytes) + " bytes for " + t.str() + " (" +
                      std::to_string(t.nbytes()) + " bytes)");
+  recording_refuses("tensor_from_bytes");
   if (t.device().kind == DeviceKind::cpu) std::memcpy(t.raw(), data, bytes);
   else cuda::copy(t.raw(), data, bytes, nullptr);
 }

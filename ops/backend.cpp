@@ -4,6 +4,7 @@
 #include "core/errors.h"
 #include "ops/cpu/isa.h"
 #include "ops/cuda/cuda_backend.h"
+#include "ops/recording_backend.h"
 
 namespace replica::ops {
 
@@ -105,7 +106,8 @@ PoolGeom PoolGeom::make(const Shape& x, int64_t window, int64_t stride, int64_t 
 
 Backend& backend_for(const Device& d) {
   if (d.kind == DeviceKind::cpu) {
-    static Backend& cpu = cpu_kernel_variant().backend();  // chosen once (ops/cpu/isa.h)
+    // The kernels chosen once (ops/cpu/isa.h), behind the recorder a captured step needs.
+    static RecordingBackend cpu(cpu_kernel_variant().backend());
     return cpu;
   }
   return cuda_backend();

@@ -238,6 +238,13 @@ table+=("| ResNet-20 batch 128, train.deterministic=true | ${rd:-none} | same, o
 for dt in bf16 fp16; do
   phase "kernels-$dt" 90 "$bin/replica" bench kernels --kind cuda --dtype "$dt"
   table+=("| memory-bound ops $dt, ResNet-50 shapes: $(grep -m1 '^# slowest' "/tmp/phase-kernels-$dt.log" | sed 's/^# //') | | | |")
+  # The residual join, the backend's kernels against cuDNN's fused Ex calls (the issue: choose by
+  # measurement), summed over the table's shapes: the us column is the third field from the end.
+  j=$(awk '/^[^#].* batch norm \+ add \+ relu forward/ {f += $(NF-2)} /^[^#].* batch norm \+ relu backward/ {b += $(NF-2)}
+           /cuDNN bn \+ add \+ relu forward/ {cf += $(NF-2)} /cuDNN bn \+ add \+ relu backward/ {cb += $(NF-2)}
+           END {printf "own %.0f + %.0f us", f, b; if (cf > 0) printf ", cuDNN Ex %.0f + %.0f us", cf, cb;
+                else printf ", cuDNN Ex not timed (its answer is in the kernels log)"}' "/tmp/phase-kernels-$dt.log")
+  table+=("| residual join $dt, forward + backward summed over the shapes: $j | | | |")
 done
 # Batch norm's sums with at most one wave of resident blocks (REPLICA_BN_SUM_GRID=wave, kernels.cu)
 # beside the default grid above: the same table, and the batch-norm conformance cases on that grid.

@@ -73,7 +73,6 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
 }
 
 std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica& replica) {
-  if (replica.device().kind != DeviceKind::cuda) return "CUDA graphs need a GPU replica";
   if (replica.world() > 1) return "more than one replica (the collectives are not captured yet)";
   if (o.shard.sharded()) return "parallel.shard";
   if (o.timeline) return "--trace (it waits on the host inside the step)";

@@ -80,13 +80,16 @@ struct StepOptions {
   // train.cuda_graph: "off", "on" (the whole step captured as a CUDA graph after a warm-up and
   // replayed: micro_step() then copies its micro-batch into the graph's inputs and apply() runs
   // the step) or "auto" (the same, the first replay checked against an eager step); see
-  // train/step_graph.h. Only where cuda_graph_ineligible says nothing.
+  // train/step_graph.h. Only where cuda_graph_ineligible says nothing. On a CPU replica the step
+  // is recorded as its backend calls and replayed the same way (no faster: how the CPU suite tests
+  // the mechanism; the trainer keeps CPU runs eager).
   std::string cuda_graph = "off";
   bool deterministic = false;  // train.deterministic in force: auto's check is then bit for bit
 };
 
-// Why train.cuda_graph cannot serve this replica's step ("" when it can): a GPU replica alone in
-// the job (collectives are not captured yet), unsharded, without a trace or a fault hook.
+// Why train.cuda_graph cannot serve this replica's step ("" when it can): a replica alone in the
+// job (collectives are not captured yet), unsharded, without a trace or a fault hook. (The trainer
+// adds: a GPU replica.)
 std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica& replica);
 
 // Where one replica's step time went, summed over the run (the run report splits wall time by it).

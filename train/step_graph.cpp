@@ -134,7 +134,7 @@ void StepGraph::capture(const Body& body) {
   auto& be = ops::backend_for(rep_.device());
   const uint64_t epoch = be.capture_epoch();
   graph_.reset();
-  auto g = std::make_unique<cuda::CapturedGraph>();
+  auto g = capture_work(rep_.device(), rep_.pool());
   g->begin(rep_.stream());
   try {
     body(*pool_, slots_);
@@ -157,7 +157,9 @@ void StepGraph::capture(const Body& body) {
   graph_ = std::move(g);
   epoch_ = epoch;
   if (captures_++ == 0)
-    log_info("train.cuda_graph: the training step captured as one CUDA graph of ", nodes_, " nodes (private pool ",
+    log_info("train.cuda_graph: the training step captured as one ",
+             rep_.device().kind == DeviceKind::cuda ? "CUDA graph of " : "recording of ", nodes_,
+             rep_.device().kind == DeviceKind::cuda ? " nodes" : " backend calls", " (private pool ",
              format_bytes(block_bytes_), "), replayed from here");
 }
 

@@ -20,6 +20,9 @@
 // step's scalars): bit for bit in deterministic mode, else within 1e-3 of each buffer's largest
 // magnitude. A difference, like any failure to capture, turns graphs off for the rest of the run,
 // saying why, and steps go on eagerly.
+// On a CPU replica (the C++ API; the trainer keeps CPU runs eager) the step is recorded as the
+// backend calls it makes and replayed the same way (core/captured_work.h): no faster, since the
+// host does the work either way, but the same contract, so the CPU suite runs all of the above.
 #pragma once
 #include <functional>
 #include <memory>
@@ -27,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda/runtime.h"
+#include "core/captured_work.h"
 #include "core/memory_pool.h"
 #include "ops/nn/model.h"
 #include "optim/optimizer.h"
@@ -90,7 +93,7 @@ class StepGraph {
   size_t block_bytes_ = 0;
   std::unique_ptr<MemoryPool> pool_;
   Inputs slots_;
-  std::unique_ptr<cuda::CapturedGraph> graph_;
+  std::unique_ptr<CapturedWork> graph_;
   uint64_t epoch_ = 0;
   std::string off_;
   int64_t captures_ = 0, replays_ = 0;

@@ -267,7 +267,7 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   // train.cuda_graph: on where it cannot serve is an error (ReplicaStep says why); auto stays eager.
   so.cuda_graph = cfg_.train.cuda_graph;
   if (so.cuda_graph == "auto") {
-    cuda_graph_note_ = cuda_graph_ineligible(so, rep);
+    cuda_graph_note_ = rep.device().kind != DeviceKind::cuda ? "CUDA graphs need a GPU replica" : cuda_graph_ineligible(so, rep);
     if (!cuda_graph_note_.empty()) so.cuda_graph = "off";
   }
   st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/captured_work.h"
 #include "core/device.h"
 #include "core/memory_pool.h"
 #include "core/stream.h"
@@ -63,22 +64,22 @@ class StreamTimer {
 // launch's host cost. Nothing runs while capturing, and everything the captured work touches must
 // stay where it was for as long as the graph is replayed (train.cuda_graph keeps it in a private
 // pool).
-class CapturedGraph {
+class CapturedGraph final : public CapturedWork {
  public:
   CapturedGraph();
-  ~CapturedGraph();
+  ~CapturedGraph() override;
   CapturedGraph(const CapturedGraph&) = delete;
   CapturedGraph& operator=(const CapturedGraph&) = delete;
-  void begin(Stream& stream);
+  void begin(Stream& stream) override;
   // Ends the capture and instantiates the graph; throws CudaError, the capture dropped, when the
   // captured work did something a graph cannot hold (a host wait, a new allocation, another
   // stream's event).
-  void end();
+  void end() override;
   // After a failure between begin() and end(): ends the capture if one is open and drops it.
-  void abandon() noexcept;
-  void launch(Stream& stream);
-  bool ready() const;
-  size_t nodes() const;  // kernels, copies and memsets in the graph
+  void abandon() noexcept override;
+  void launch(Stream& stream) override;
+  bool ready() const override;
+  size_t nodes() const override;  // kernels, copies and memsets in the graph
 
  private:
   struct Impl;

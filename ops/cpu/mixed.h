@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/captured_work.h"
 #include "core/errors.h"
 #include "core/tensor.h"
 #include "ops/cpu/parallel_for.h"
@@ -52,6 +53,9 @@ bool run_in_f32(std::initializer_list<F32Arg> args, F&& f) {
     if (!pool && a.t->defined()) pool = a.t->pool();
   }
   if (all) return false;
+  // A replayed call's tensors name memory without owning it (ops/recording_backend.h): its scratch
+  // comes from the replay's workspace.
+  if (!pool) pool = replaying_workspace();
   if (!pool)
     throw Error("mixed precision: no tensor of this op comes from a pool to take f32 scratch from");
   std::vector<Tensor> t;

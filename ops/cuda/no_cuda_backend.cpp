@@ -2,6 +2,7 @@
 // says so plainly instead of failing inside a kernel.
 #include "core/errors.h"
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/cudnn_fused_bn.h"
 
 namespace replica::ops {
 
@@ -13,5 +14,11 @@ Backend& cuda_backend() {
 }
 
 std::string cuda_library_versions() { return "cuDNN/cuBLAS: not built"; }
+
+size_t cudnn_join_reserve_bytes(const Tensor&) { throw CudaError("cuDNN's fused batch norm: not built"); }
+void cudnn_join_forward(const CudnnJoin&, float, float, MemoryPool&) {
+  throw CudaError("cuDNN's fused batch norm: not built");
+}
+void cudnn_join_backward(const CudnnJoin&, float, MemoryPool&) { throw CudaError("cuDNN's fused batch norm: not built"); }
 
 }  // namespace replica::ops

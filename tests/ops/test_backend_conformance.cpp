@@ -1013,7 +1013,8 @@ TEST(CudaTraining, DeterministicRunsAreBitIdenticalTwiceAcrossResumeAndSharding)
 // fp16 (the scaler's skips and growth change the loss weight and the unscale: one graph serves
 // them) and bf16 with AdamW (its bias corrections change every step), under a cosine schedule (the
 // learning rate changes every step), with two micro-steps a step in fp32; auto checks its first
-// replay against an eager step and stays on. The graphs must have replayed.
+// replay against an eager step and stays on. The graphs must have replayed. The same mechanism on
+// a CPU replica's recorded step: tests/train/test_step_graph.cpp.
 TEST(CudaTraining, GraphedStepsAreBitIdenticalToEagerOnes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
   for (const char* precision : {"fp32", "fp16", "bf16"}) {

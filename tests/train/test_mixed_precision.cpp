@@ -16,6 +16,7 @@
 #include "core/pools.h"
 #include "ops/models/resnet.h"
 #include "parallel/replica_group.h"
+#include "support/tiny_model.h"
 #include "train/replica_step.h"
 #include "train/trainer.h"
 
@@ -23,18 +24,8 @@ using namespace replica;
 
 namespace {
 
-std::unique_ptr<nn::Model> tiny_resnet() {
-  return models::make_resnet({.arch = "resnet20", .height = 8, .width = 8, .base_width = 4});
-}
-
-void random_batch(MemoryPool& pool, int64_t n, uint32_t seed, Tensor& x, Tensor& y) {
-  x = Tensor::empty(pool, {n, 8, 8, 1}, DType::f32, MemTag::activations);
-  y = Tensor::empty(pool, {n}, DType::i32, MemTag::activations);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = d(rng);
-  for (int64_t i = 0; i < n; ++i) y.data<int32_t>()[i] = static_cast<int32_t>(rng() % 10);
-}
+using replica::testing::random_batch;
+using replica::testing::tiny_resnet;
 
 std::vector<float> copy_of(const Tensor& t) {
   return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());

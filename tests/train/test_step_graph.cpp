@@ -1,0 +1,246 @@
+// train.cuda_graph's mechanism on a CPU replica (train/step_graph.h): the training step recorded
+// once as the backend calls it makes and replayed (core/captured_work.h), with the contract of a
+// CUDA graph: nothing runs while recording, a replay touches the memory the recording named, and
+// what changes from step to step must be read from device memory. Held here, on every machine:
+//  - a replayed run is the eager run bit for bit: every step's status, parameters, the 16-bit
+//    copy, optimizer state, gradients and batch-norm statistics, under a learning rate that changes
+//    every step, in fp32 (two micro-steps a step), fp16 with a dynamic scaler that skips and grows,
+//    bf16 with AdamW (its bias corrections change every step), and LARS; a step with a
+//    micro-batch of another shape runs eagerly and the replays go on after it;
+//  - auto's check catches a value baked into the capture, and turns the graph off saying so;
+//  - a capture that reads the device on the host fails, and the step runs eagerly instead.
+// tests/ops/test_backend_conformance.cpp holds the same runs on a GPU
+// (CudaTraining.GraphedSteps...).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/models/resnet.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "parallel/replica_group.h"
+#include "support/tiny_model.h"
+#include "train/replica_step.h"
+#include "train/step_graph.h"
+
+using namespace replica;
+
+namespace {
+
+using replica::testing::random_batch;
+using replica::testing::tiny_resnet;
+
+// Equal, or both NaN (a skipped fp16 step's gradient norm).
+bool same(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+std::string bytes_of(const Tensor& t) {
+  return t.defined() ? std::string(static_cast<const char*>(t.raw()), t.nbytes()) : std::string();
+}
+
+struct Case {
+  const char* name;
+  const char* optimizer;  // sgd, adamw, lars
+  DType activations;
+  int accumulation;
+  bool dynamic_scale;
+  int odd_step;  // the step (1-based) whose last micro-batch has another shape; 0: none
+};
+
+// Everything a run leaves, as bytes.
+struct RunOut {
+  std::vector<train::StepStatus> steps;
+  std::vector<std::string>
+      state;  // parameters, 16-bit copy, gradients, statistics, optimizer state
+  int64_t replays = 0;
+  bool off = false;
+  std::string summary;
+};
+
+RunOut run_steps(const Case& c, const std::string& graph, int steps = 9) {
+  parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
+  RunOut out;
+  group.run([&](parallel::Replica& rep) {
+    auto model = tiny_resnet();
+    model->materialize(rep.pool(), 7, c.activations);
+    std::unique_ptr<optim::Optimizer> opt;
+    const std::string o = c.optimizer;
+    if (o == "adamw") {
+      opt = std::make_unique<optim::AdamW>(model->registry(), model->num_params(), rep.pool(),
+                                           optim::AdamWOptions{});
+    } else if (o == "lars") {
+      opt = std::make_unique<optim::Lars>(model->registry(), model->num_params(), rep.pool(),
+                                          optim::LarsOptions{});
+    } else {
+      opt = std::make_unique<optim::Sgd>(model->registry(), model->num_params(), rep.pool(),
+                                         optim::SgdOptions{});
+    }
+    // A high first scale with growth every 2 steps: fp16 skips and backs off, then grows.
+    optim::DynamicLossScaler scaler({.init_scale = 1048576.f, .growth_interval = 2});
+    train::StepOptions so{.accumulation = c.accumulation,
+                          .micro_batch = 8,
+                          .activations = c.activations,
+                          .scaler = c.dynamic_scale ? &scaler : nullptr};
+    so.clip_grad_norm = 5;
+    so.deterministic = true;
+    so.cuda_graph = graph;
+    train::ReplicaStep rs(rep, *model, *opt, so);
+    for (int s = 1; s <= steps; ++s) {
+      rs.zero_grad();
+      for (int k = 0; k < c.accumulation; ++k) {
+        Tensor x, y;
+        const bool odd = s == c.odd_step && k == c.accumulation - 1;
+        random_batch(rep.pool(), odd ? 6 : 8, static_cast<uint32_t>(100 * s + k), x, y);
+        rs.micro_step(x, y, k == c.accumulation - 1);
+      }
+      const float lr =
+          (o == "adamw" ? 0.002f : 0.1f) * 0.5f * (1 + std::cos(3.14159f * s / (steps + 1)));
+      out.steps.push_back(rs.apply(lr));
+    }
+    for (const Tensor& t :
+         {model->params(), model->compute_copy(), model->grads(), model->buffers()})
+      out.state.push_back(bytes_of(t));
+    for (Tensor* t : opt->state()) out.state.push_back(bytes_of(*t));
+    if (const train::StepGraph* g = rs.graph()) {
+      out.replays = g->replays();
+      out.off = g->off();
+      out.summary = g->summary();
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST(StepGraph, AReplayedRunIsTheEagerRunBitForBit) {
+  const Case cases[] = {
+      {"fp32 SGD, 2 micro-steps, an odd micro-batch at step 6", "sgd", DType::f32, 2, false, 6},
+      {"fp16 SGD, dynamic scale", "sgd", DType::f16, 1, true, 0},
+      {"bf16 AdamW", "adamw", DType::bf16, 1, false, 0},
+      {"fp32 LARS, an odd micro-batch at step 5", "lars", DType::f32, 1, false, 5},
+  };
+  for (const Case& c : cases) {
+    const RunOut eager = run_steps(c, "off");
+    int skipped = 0;
+    for (const auto& s : eager.steps) skipped += !s.applied;
+    if (c.dynamic_scale) {
+      EXPECT_GT(skipped, 0) << c.name << ": the scaler skipped steps, so its values changed";
+    }
+    for (const char* mode : {"on", "auto"}) {
+      const RunOut g = run_steps(c, mode);
+      const std::string what = std::string(c.name) + ", cuda_graph " + mode;
+      EXPECT_FALSE(g.off) << what << ": " << g.summary;
+      // 9 steps: 2 eager warm-up steps, the odd one eager, auto's first replay beside its check.
+      EXPECT_EQ(g.replays, 7 - (c.odd_step ? 1 : 0)) << what << ": " << g.summary;
+      ASSERT_EQ(g.steps.size(), eager.steps.size());
+      for (size_t i = 0; i < eager.steps.size(); ++i) {
+        const auto &a = eager.steps[i], &b = g.steps[i];
+        EXPECT_EQ(a.applied, b.applied) << what << " step " << i + 1;
+        EXPECT_EQ(a.step, b.step) << what << " step " << i + 1;
+        EXPECT_TRUE(same(a.loss, b.loss))
+            << what << " step " << i + 1 << ": loss " << a.loss << " " << b.loss;
+        EXPECT_TRUE(same(a.accuracy, b.accuracy)) << what << " step " << i + 1;
+        EXPECT_TRUE(same(a.grad_norm, b.grad_norm))
+            << what << " step " << i + 1 << ": norm " << a.grad_norm << " " << b.grad_norm;
+        EXPECT_EQ(a.scale, b.scale) << what << " step " << i + 1;
+        EXPECT_EQ(a.samples, b.samples) << what << " step " << i + 1;
+      }
+      static const char* const kState[] = {"parameters", "16-bit copy", "gradients", "statistics"};
+      ASSERT_EQ(g.state.size(), eager.state.size());
+      for (size_t i = 0; i < eager.state.size(); ++i)
+        EXPECT_TRUE(g.state[i] == eager.state[i])
+            << what << ": "
+            << (i < 4 ? kState[i] : ("optimizer state " + std::to_string(i - 4)).c_str())
+            << " differ";
+      std::printf("  %s: %s\n", what.c_str(), g.summary.c_str());
+    }
+  }
+}
+
+namespace {
+
+// StepGraph over a hand-written step body: the model and optimizer are only the state compared.
+struct Harness {
+  parallel::Replica& rep;
+  std::unique_ptr<nn::Model> model = tiny_resnet();
+  std::unique_ptr<optim::Sgd> opt;
+  Tensor stats;
+  explicit Harness(parallel::Replica& r) : rep(r) {
+    model->materialize(rep.pool(), 1);
+    opt = std::make_unique<optim::Sgd>(model->registry(), model->num_params(), rep.pool(),
+                                       optim::SgdOptions{});
+    stats = Tensor::zeros(rep.pool(), {4}, DType::f32, MemTag::other);
+  }
+  // Runs `steps` steps of `body` through a StepGraph as ReplicaStep does; returns the graph's
+  // state.
+  std::unique_ptr<train::StepGraph> steps(const train::StepGraph::Body& body, bool verify,
+                                          int steps) {
+    auto g = std::make_unique<train::StepGraph>(rep, *model, *opt, stats, 1, verify, true);
+    for (int s = 0; s < steps; ++s) {
+      if (g->begin_step()) {
+        g->run(body);
+      } else {
+        body(rep.pool(), {});
+        g->end_eager();
+      }
+    }
+    return g;
+  }
+};
+
+}  // namespace
+
+// A value the host bakes into the step (here the step's number, written by fill) is what a
+// replay must never hold: auto compares its first replay with an eager step from the same state,
+// finds the step's scalars differ, keeps the eager step's results and turns the graph off, saying
+// why; steps run eagerly after. `on` trusts the graph and replays the baked value.
+TEST(StepGraph, AutoCatchesAValueBakedIntoTheCapture) {
+  parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
+  group.run([&](parallel::Replica& rep) {
+    Harness h(rep);
+    auto& be = ops::backend_for(rep.device());
+    int n = 0;
+    const train::StepGraph::Body body = [&](MemoryPool&, const train::StepGraph::Inputs&) {
+      be.fill(h.stats, static_cast<float>(++n));
+    };
+    auto g = h.steps(body, true, 5);
+    EXPECT_TRUE(g->off());
+    EXPECT_NE(g->off_reason().find("the step's scalars"), std::string::npos) << g->off_reason();
+    EXPECT_EQ(h.stats.data<float>()[0], static_cast<float>(n)) << "the last step ran eagerly";
+    EXPECT_NE(g->summary().find("off"), std::string::npos) << g->summary();
+
+    n = 0;
+    g = h.steps(body, false, 5);
+    EXPECT_FALSE(g->off()) << g->off_reason();
+    EXPECT_EQ(g->replays(), 3);
+    EXPECT_EQ(h.stats.data<float>()[0], 3.f) << "the capture's value, replayed";
+  });
+}
+
+// A step that hands a device value to the host inside the capture cannot be replayed: the
+// capture fails, the graph turns off naming the call, and that step and the ones after run eagerly.
+TEST(StepGraph, ACaptureThatReadsOnTheHostFailsAndTheStepRunsEagerly) {
+  parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
+  group.run([&](parallel::Replica& rep) {
+    Harness h(rep);
+    auto& be = ops::backend_for(rep.device());
+    int ran = 0;
+    const train::StepGraph::Body body = [&](MemoryPool&, const train::StepGraph::Inputs&) {
+      ++ran;
+      be.fill(h.stats, static_cast<float>(be.sum_squares(h.model->params()) > 0));
+    };
+    auto g = h.steps(body, true, 4);
+    EXPECT_TRUE(g->off());
+    EXPECT_NE(g->off_reason().find("Backend::sum_squares hands device memory to the host"),
+              std::string::npos)
+        << g->off_reason();
+    EXPECT_EQ(ran, 5)
+        << "2 warm-up steps, the failed capture, then its step and the last one eagerly";
+    EXPECT_EQ(g->replays(), 0);
+    EXPECT_EQ(h.stats.data<float>()[0], 1.f);
+  });
+}
