@@ -210,7 +210,9 @@ std::string StepGraph::summary() const {
   if (!off_.empty()) return "train.cuda_graph off after " + std::to_string(replays_) + " replays: " + off_;
   if (!captures_) return "train.cuda_graph: no step was captured (the run ended within the warm-up)";
   return "train.cuda_graph: " + std::to_string(replays_) + " steps replayed from " + std::to_string(captures_) +
-         " capture(s) (" + std::to_string(nodes_) + " nodes), private pool " + format_bytes(block_bytes_);
+         " capture(s) (" + std::to_string(nodes_) +
+         (rep_.device().kind == DeviceKind::cuda ? " nodes" : " recorded calls") + "), private pool " +
+         format_bytes(block_bytes_);
 }
 
 }  // namespace replica::train

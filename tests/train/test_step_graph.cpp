@@ -5,8 +5,8 @@
 //  - a replayed run is the eager run bit for bit: every step's status, parameters, the 16-bit
 //    copy, optimizer state, gradients and batch-norm statistics, under a learning rate that changes
 //    every step, in fp32 (two micro-steps a step), fp16 with a dynamic scaler that skips and grows,
-//    bf16 with AdamW (its bias corrections change every step), and LARS; a step with a
-//    micro-batch of another shape runs eagerly and the replays go on after it;
+//    bf16 with AdamW (its bias corrections change every step), LARS, and batch norm on running
+//    statistics; a step with a micro-batch of another shape runs eagerly and the replays go on;
 //  - auto's check catches a value baked into the capture, and turns the graph off saying so;
 //  - a capture that reads the device on the host fails, and the step runs eagerly instead.
 // tests/ops/test_backend_conformance.cpp holds the same runs on a GPU
@@ -49,6 +49,7 @@ struct Case {
   int accumulation;
   bool dynamic_scale;
   int odd_step;  // the step (1-based) whose last micro-batch has another shape; 0: none
+  bool bn_frozen = false;
 };
 
 // Everything a run leaves, as bytes.
@@ -86,6 +87,7 @@ RunOut run_steps(const Case& c, const std::string& graph, int steps = 9) {
                           .activations = c.activations,
                           .scaler = c.dynamic_scale ? &scaler : nullptr};
     so.clip_grad_norm = 5;
+    so.bn_frozen = c.bn_frozen;
     so.deterministic = true;
     so.cuda_graph = graph;
     train::ReplicaStep rs(rep, *model, *opt, so);
@@ -122,6 +124,7 @@ TEST(StepGraph, AReplayedRunIsTheEagerRunBitForBit) {
       {"fp16 SGD, dynamic scale", "sgd", DType::f16, 1, true, 0},
       {"bf16 AdamW", "adamw", DType::bf16, 1, false, 0},
       {"fp32 LARS, an odd micro-batch at step 5", "lars", DType::f32, 1, false, 5},
+      {"bf16 SGD, batch norm on running statistics", "sgd", DType::bf16, 1, false, 0, true},
   };
   for (const Case& c : cases) {
     const RunOut eager = run_steps(c, "off");
