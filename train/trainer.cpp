@@ -117,7 +117,7 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
                       ": a lost replica takes its shard of the optimizer state with it, so the survivors could not "
                       "continue from memory; use parallel.shard: none, or on_replica_failure: stop and resume from "
                       "the last checkpoint");
-  if (cfg_.train.cuda_graph == "on")
+  if (cfg_.train.cuda_graph == "on" && !opts_.record_cpu_steps)
     for (const Device& d : devices)
       if (d.kind != DeviceKind::cuda)
         throw ConfigError("train.cuda_graph: on: CUDA graphs need GPU replicas, and " + d.str() +
@@ -267,7 +267,9 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   // train.cuda_graph: on where it cannot serve is an error (ReplicaStep says why); auto stays eager.
   so.cuda_graph = cfg_.train.cuda_graph;
   if (so.cuda_graph == "auto") {
-    cuda_graph_note_ = rep.device().kind != DeviceKind::cuda ? "CUDA graphs need a GPU replica" : cuda_graph_ineligible(so, rep);
+    cuda_graph_note_ = rep.device().kind != DeviceKind::cuda && !opts_.record_cpu_steps
+                           ? "CUDA graphs need a GPU replica"
+                           : cuda_graph_ineligible(so, rep);
     if (!cuda_graph_note_.empty()) so.cuda_graph = "off";
   }
   st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);

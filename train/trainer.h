@@ -53,6 +53,10 @@ struct TrainerOptions {
   std::string trace;
   // Record replica 0's pool allocations and write them as CSV (replica bench alloc --replay).
   std::string alloc_trace;
+  // train.cuda_graph on CPU replicas too: their steps recorded and replayed with a CUDA graph's
+  // contract (train/step_graph.h, core/captured_work.h). No faster; how the CPU suite runs the
+  // trainer's graphed path (tests/train/test_step_graph.cpp). Off: CPU replicas stay eager.
+  bool record_cpu_steps = false;
 };
 
 // Builds the data set of a configuration's split ("train" / "test").

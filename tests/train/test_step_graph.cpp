@@ -8,12 +8,16 @@
 //    bf16 with AdamW (its bias corrections change every step), LARS, and batch norm on running
 //    statistics; a step with a micro-batch of another shape runs eagerly and the replays go on;
 //  - auto's check catches a value baked into the capture, and turns the graph off saying so;
-//  - a capture that reads the device on the host fails, and the step runs eagerly instead.
+//  - a capture that reads the device on the host fails, and the step runs eagerly instead;
+//  - through the trainer (data, evaluation and checkpoints between graphed steps, and a resume),
+//    graphed runs are eager runs byte for byte: model.bin, every checkpoint section, every step.
 // tests/ops/test_backend_conformance.cpp holds the same runs on a GPU
 // (CudaTraining.GraphedSteps...).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -24,9 +28,13 @@
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "parallel/replica_group.h"
+#include "support/bit_identical.h"
+#include "support/scratch.h"
 #include "support/tiny_model.h"
+#include "train/checkpoint.h"
 #include "train/replica_step.h"
 #include "train/step_graph.h"
+#include "train/trainer.h"
 
 using namespace replica;
 
@@ -246,4 +254,92 @@ TEST(StepGraph, ACaptureThatReadsOnTheHostFailsAndTheStepRunsEagerly) {
     EXPECT_EQ(g->replays(), 0);
     EXPECT_EQ(h.stats.data<float>()[0], 1.f);
   });
+}
+
+namespace {
+
+// Everything a trainer run leaves (expect_bit_identical compares two).
+struct TrainerRun {
+  train::FitResult fit;
+  std::string model_bin;
+  std::map<std::string, std::string> checkpoint;
+  int64_t replays = -1;  // -1: no graph, or turned off
+  std::string summary;
+};
+
+TrainerRun train_run(const std::string& precision, const std::string& graph, int64_t steps,
+                     const std::string& dir, const std::string& resume = "") {
+  // ResNet-20 on synthetic 16x16x3 images, 4 steps an epoch: evaluation and a checkpoint after
+  // each epoch run between graphed steps.
+  std::vector<std::string> sets = {"model.arch=resnet20",
+                                   "model.width=8",
+                                   "data.dataset=synthetic",
+                                   "data.synthetic_shape=[16,16,3]",
+                                   "data.mean=[0.5,0.5,0.5]",
+                                   "data.std=[0.25,0.25,0.25]",
+                                   "data.synthetic_size=256",
+                                   "train.global_batch=64",
+                                   "train.max_steps=" + std::to_string(steps),
+                                   "train.tensorboard=false",
+                                   "train.precision=" + precision,
+                                   "train.run_dir=" + ::testing::TempDir() + "/step_graph_" + dir,
+                                   "checkpoint.every_epochs=1",
+                                   "optim.schedule=cosine",
+                                   "optim.lr=0.05",
+                                   "parallel.devices=cpu:1",
+                                   "train.cuda_graph=" + graph};
+  if (precision == "fp32") sets.push_back("train.micro_batch=32");  // two micro-steps a step
+  if (precision == "bf16")
+    for (const char* k : {"optim.name=adamw", "optim.lr=0.002"}) sets.push_back(k);
+  if (precision == "fp16")
+    for (const char* k : {"train.loss_scale=dynamic", "train.loss_scale_init=1048576",
+                          "train.loss_scale_growth_interval=2"})
+      sets.push_back(k);
+  auto cfg = train::parse_config("", "test", sets);
+  if (resume.empty()) std::filesystem::remove_all(cfg.train.run_dir);
+  train::Trainer t(
+      cfg, {.print = false, .on_step = nullptr, .resume = resume, .record_cpu_steps = true});
+  TrainerRun r;
+  r.fit = t.fit();
+  r.model_bin = replica::testing::file_bytes(cfg.train.run_dir + "/model.bin");
+  r.checkpoint = train::read_checkpoint(r.fit.last_checkpoint).sections;
+  r.checkpoint.erase("config");  // names the run directory
+  if (const train::StepGraph* g = t.replica_step(0).graph()) {
+    r.replays = g->off() ? -1 : g->replays();
+    r.summary = g->summary();
+  }
+  return r;
+}
+
+}  // namespace
+
+// The trainer's graphed path on a CPU replica (TrainerOptions::record_cpu_steps), as
+// CudaTraining.GraphedStepsAreBitIdenticalToEagerOnes holds it on a GPU: 8 steps over two epochs
+// with evaluation and checkpoints between them, fp32 with two micro-steps a step, fp16 with a
+// dynamic scale that skips, bf16 AdamW, under a cosine schedule; and 4 graphed steps + resume +
+// 4 graphed steps against 8 eager ones.
+TEST(StepGraph, TrainerRunsWithGraphsAreEagerRunsByteForByte) {
+  for (const std::string p : {"fp32", "fp16", "bf16"}) {
+    const TrainerRun eager = train_run(p, "off", 8, p + "_off");
+    EXPECT_EQ(eager.replays, -1);
+    for (const std::string mode : {"on", "auto"}) {
+      const TrainerRun g = train_run(p, mode, 8, p + "_" + mode);
+      EXPECT_EQ(g.replays, 6) << p << " " << mode << ": " << g.summary;  // 2 eager warm-up steps
+      replica::testing::expect_bit_identical(eager, g,
+                                             p + " train.cuda_graph=" + mode + " against off");
+      std::printf("  %s train.cuda_graph=%s: %s\n", p.c_str(), mode.c_str(), g.summary.c_str());
+    }
+    train_run(p, "on", 4, p + "_resumed");
+    const TrainerRun resumed = train_run(p, "on", 8, p + "_resumed",
+                                         ::testing::TempDir() + "/step_graph_" + p + "_resumed");
+    ASSERT_EQ(resumed.fit.history.size(), 4u) << p;
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_EQ(resumed.fit.history[i].loss, eager.fit.history[4 + i].loss)
+          << p << " step " << 5 + i;
+    EXPECT_TRUE(resumed.model_bin == eager.model_bin)
+        << p << ": 4 graphed + resume + 4 graphed differ from 8 eager";
+    for (const auto& [name, bytes] : eager.checkpoint)
+      EXPECT_TRUE(resumed.checkpoint.count(name) && resumed.checkpoint.at(name) == bytes)
+          << p << ": checkpoint section '" << name << "' differs after a resume";
+  }
 }
