@@ -272,7 +272,7 @@ TrainerRun train_run(const std::string& precision, const std::string& graph, int
   // ResNet-20 on synthetic 16x16x3 images, 4 steps an epoch: evaluation and a checkpoint after
   // each epoch run between graphed steps.
   std::vector<std::string> sets = {"model.arch=resnet20",
-                                   "model.width=8",
+                                   "model.width=4",
                                    "data.dataset=synthetic",
                                    "data.synthetic_shape=[16,16,3]",
                                    "data.mean=[0.5,0.5,0.5]",
