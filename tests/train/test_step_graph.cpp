@@ -269,12 +269,12 @@ struct TrainerRun {
 
 TrainerRun train_run(const std::string& precision, const std::string& graph, int64_t steps,
                      const std::string& dir, const std::string& resume = "") {
-  // ResNet-20 on synthetic 16x16x3 images, 4 steps an epoch: evaluation and a checkpoint after
+  // ResNet-20 on synthetic 8x8x3 images, 4 steps an epoch: evaluation and a checkpoint after
   // each epoch run between graphed steps.
   std::vector<std::string> sets = {"model.arch=resnet20",
                                    "model.width=4",
                                    "data.dataset=synthetic",
-                                   "data.synthetic_shape=[16,16,3]",
+                                   "data.synthetic_shape=[8,8,3]",
                                    "data.mean=[0.5,0.5,0.5]",
                                    "data.std=[0.25,0.25,0.25]",
                                    "data.synthetic_size=256",
