@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -13,26 +14,33 @@
 namespace replica::train {
 
 namespace {
-// "" when `a` (eager) and `b` (replayed) agree: every bit, or within 1e-3 of a's largest magnitude.
-std::string compare(const std::string& what, const Tensor& a, const Tensor& b, bool exact) {
-  const std::string x = tensor_to_bytes(a), y = tensor_to_bytes(b);
+// "" when `x` (eager) and `y` (replayed), the bytes of one `dt` buffer, agree: every bit, or (not
+// exact) each element within 1e-3 of x's largest magnitude or, in 16 bits, within one step of its
+// own value: a compute copy rounds parameters that cuDNN's non-deterministic algorithms move in
+// their last f32 bits, and such a move flips a rounding now and then.
+std::string compare(const std::string& what, DType dt, const std::string& x, const std::string& y, bool exact) {
   if (x == y) return "";
-  if (a.dtype() != DType::f32) return what + " differ; ";
-  std::vector<float> u(x.size() / 4), v(y.size() / 4);
-  std::memcpy(u.data(), x.data(), x.size());
-  std::memcpy(v.data(), y.data(), y.size());
-  double largest = 0, diff = 0;
-  int64_t differing = 0;
-  for (size_t i = 0; i < u.size(); ++i) {
-    largest = std::max(largest, std::abs(static_cast<double>(u[i])));
+  const bool floats = dt == DType::f32 || dt == DType::f16 || dt == DType::bf16;
+  if (!floats || x.size() != y.size()) return what + " differ; ";
+  const size_t n = x.size() / dtype_size(dt);
+  std::vector<float> u(n), v(n);
+  convert(x.data(), dt, u.data(), DType::f32, n);
+  convert(y.data(), dt, v.data(), DType::f32, n);
+  const double step = dt == DType::bf16 ? 0x1p-7 : dt == DType::f16 ? 0x1p-10 : 0.0;  // relative, at most
+  double largest = 0;
+  for (float a : u) largest = std::max(largest, std::abs(static_cast<double>(a)));
+  double diff = 0;
+  int64_t differing = 0, beyond = 0;
+  for (size_t i = 0; i < n; ++i) {
     const double d = std::abs(static_cast<double>(u[i]) - v[i]);
-    if (!(d == 0)) ++differing;  // NaN against a number counts
+    if (d == 0) continue;
+    ++differing;  // NaN against a number counts
     diff = std::isnan(d) ? INFINITY : std::max(diff, d);
+    if (!(d <= 1e-3 * largest || d <= step * std::abs(static_cast<double>(u[i])))) ++beyond;
   }
-  const double rel = diff / std::max(largest, 1e-30);
-  if (!exact && rel <= 1e-3) return "";
-  return what + ": " + std::to_string(differing) + " of " + std::to_string(u.size()) +
-         " elements differ, by up to " + std::to_string(rel) + " of the largest; ";
+  if (!exact && beyond == 0) return "";
+  return what + ": " + std::to_string(differing) + " of " + std::to_string(n) + " elements differ, by up to " +
+         std::to_string(diff / std::max(largest, 1e-30)) + " of the largest; ";
 }
 }  // namespace
 
@@ -135,9 +143,15 @@ void StepGraph::capture(const Body& body) {
   const uint64_t epoch = be.capture_epoch();
   graph_.reset();
   auto g = capture_work(rep_.device(), rep_.pool());
+  // A block the captured work took from the replica's pool would be written by every replay after
+  // the pool handed it to someone else: everything the step allocates must come from the private pool.
+  const size_t allocs = rep_.pool().stats().allocs;
   g->begin(rep_.stream());
   try {
     body(*pool_, slots_);
+    if (const size_t n = rep_.pool().stats().allocs - allocs)
+      throw Error("the captured step took " + std::to_string(n) +
+                  " block(s) from the replica's pool, which replays would write after it handed them on");
     g->end();
   } catch (...) {
     g->abandon();
@@ -170,8 +184,11 @@ std::vector<Tensor> StepGraph::state() {
   return s;
 }
 
-// The first replay against an eager step from the same state: the eager step runs, its results
-// are kept, the state is put back, the graph replays, and the two are compared on the host (once).
+// The first replay against an eager step from the same state: the state is kept on the host, the
+// eager step runs in the graph's own pool (the eager peak and more: the check needs no device memory
+// beyond what the graph has), its results are kept, the state is put back, the graph replays, and
+// the two are compared on the host (once). A failure of the eager step (out of memory, say) puts
+// the state back, turns graphs off and runs the step eagerly in the replica's pool.
 bool StepGraph::check(const Body& body) {
   checked_ = true;
   static const char* const kNames[] = {"parameters", "gradients", "batch-norm running statistics", "the step's scalars"};
@@ -180,28 +197,35 @@ bool StepGraph::check(const Body& body) {
     const bool copy = model_.compute_copy().defined();
     return copy && i == 4 ? std::string("the 16-bit compute copy") : "optimizer state " + std::to_string(i - (copy ? 5 : 4));
   };
-  auto keep = [&](const Tensor& t) {
-    Tensor c = Tensor::empty(rep_.pool(), t.shape(), t.dtype(), MemTag::other);
-    copy_tensor(t, c, &rep_.stream());
-    return c;
-  };
   const std::vector<Tensor> live = state();
-  std::vector<Tensor> before, eager;
-  for (const Tensor& t : live) before.push_back(keep(t));
+  std::vector<std::string> before, eager;
+  for (const Tensor& t : live) before.push_back(tensor_to_bytes(t));
+  auto restore = [&](const std::vector<std::string>& from) {
+    for (size_t i = 0; i < live.size(); ++i) tensor_from_bytes(live[i], from[i].data(), from[i].size());
+  };
   if (opt_.pending()) opt_.settle(false);  // the capture's update, not run: the eager step queues it
-  body(rep_.pool(), slots_);
-  for (const Tensor& t : live) eager.push_back(keep(t));
-  for (size_t i = 0; i < live.size(); ++i) copy_tensor(before[i], live[i], &rep_.stream());
+  try {
+    body(*pool_, slots_);
+    for (const Tensor& t : live) eager.push_back(tensor_to_bytes(t));
+  } catch (const std::exception& err) {
+    if (opt_.pending()) opt_.settle(false);
+    restore(before);
+    turn_off(std::string("the first replay could not be checked: ") + err.what());
+    body(rep_.pool(), slots_);
+    return true;
+  }
+  restore(before);
   graph_->launch(rep_.stream());  // the same step again, from the same state, as the graph has it
   ++replays_;
   std::string diff;
-  for (size_t i = 0; i < live.size(); ++i) diff += compare(name(i), eager[i], live[i], deterministic_);
+  for (size_t i = 0; i < live.size(); ++i)
+    diff += compare(name(i), live[i].dtype(), eager[i], tensor_to_bytes(live[i]), deterministic_);
   if (diff.empty()) {
     log_info("train.cuda_graph: the first replay matches an eager step from the same state (",
              deterministic_ ? "bit for bit" : "within 1e-3", ")");
     return true;
   }
-  for (size_t i = 0; i < live.size(); ++i) copy_tensor(eager[i], live[i], &rep_.stream());  // the eager step stands
+  restore(eager);  // the eager step stands
   turn_off("the first replay differs from an eager step from the same state (" + diff.substr(0, diff.size() - 2) + ")");
   return true;
 }

@@ -17,8 +17,10 @@
 // A step whose micro-batches do not fit the slots (another shape) runs eagerly.
 // verify (train.cuda_graph: auto): the first replay is compared with an eager step from the same
 // state (parameters, the 16-bit copy, optimizer state, gradients, batch-norm statistics and the
-// step's scalars): bit for bit in deterministic mode, else within 1e-3 of each buffer's largest
-// magnitude. A difference, like any failure to capture, turns graphs off for the rest of the run,
+// step's scalars): bit for bit in deterministic mode, else each element within 1e-3 of its
+// buffer's largest magnitude (a 16-bit one also within one step of its own value). The check keeps
+// the state on the host and runs its eager step in the graph's pool, so it needs no device memory
+// beyond the graph's; an eager step that fails there turns graphs off and runs in the replica's pool. A difference, like any failure to capture, turns graphs off for the rest of the run,
 // saying why, and steps go on eagerly.
 // On a CPU replica (the C++ API; the trainer keeps CPU runs eager) the step is recorded as the
 // backend calls it makes and replayed the same way (core/captured_work.h): no faster, since the

@@ -8,7 +8,8 @@
 //    bf16 with AdamW (its bias corrections change every step), LARS, and batch norm on running
 //    statistics; a step with a micro-batch of another shape runs eagerly and the replays go on;
 //  - auto's check catches a value baked into the capture, and turns the graph off saying so;
-//  - a capture that reads the device on the host fails, and the step runs eagerly instead;
+//  - a capture that reads the device on the host, or takes memory from the replica's pool instead
+//    of its own, fails, and the step runs eagerly instead;
 //  - through the trainer (data, evaluation and checkpoints between graphed steps, and a resume),
 //    graphed runs are eager runs byte for byte: model.bin, every checkpoint section, every step.
 // tests/ops/test_backend_conformance.cpp holds the same runs on a GPU
@@ -21,8 +22,10 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "core/errors.h"
 #include "ops/backend.h"
 #include "ops/models/resnet.h"
 #include "optim/loss_scaler.h"
@@ -180,8 +183,8 @@ struct Harness {
   std::unique_ptr<nn::Model> model = tiny_resnet();
   std::unique_ptr<optim::Sgd> opt;
   Tensor stats;
-  explicit Harness(parallel::Replica& r) : rep(r) {
-    model->materialize(rep.pool(), 1);
+  explicit Harness(parallel::Replica& r, DType compute = DType::f32) : rep(r) {
+    model->materialize(rep.pool(), 1, compute);
     opt = std::make_unique<optim::Sgd>(model->registry(), model->num_params(), rep.pool(),
                                        optim::SgdOptions{});
     stats = Tensor::zeros(rep.pool(), {4}, DType::f32, MemTag::other);
@@ -189,8 +192,8 @@ struct Harness {
   // Runs `steps` steps of `body` through a StepGraph as ReplicaStep does; returns the graph's
   // state.
   std::unique_ptr<train::StepGraph> steps(const train::StepGraph::Body& body, bool verify,
-                                          int steps) {
-    auto g = std::make_unique<train::StepGraph>(rep, *model, *opt, stats, 1, verify, true);
+                                          int steps, bool deterministic = true) {
+    auto g = std::make_unique<train::StepGraph>(rep, *model, *opt, stats, 1, verify, deterministic);
     for (int s = 0; s < steps; ++s) {
       if (g->begin_step()) {
         g->run(body);
@@ -232,6 +235,65 @@ TEST(StepGraph, AutoCatchesAValueBakedIntoTheCapture) {
   });
 }
 
+// Outside deterministic mode auto accepts what rounding moves: an element of the bf16 compute copy
+// one step apart (1 and 1 + 2^-7; a GPU's non-deterministic algorithms move the parameters' last
+// bits, and their rounding to 16 bits flips now and then), though that is 0.8% of the largest
+// value. Deterministic mode wants every bit; two steps apart is a difference either way.
+TEST(StepGraph, AutoAcceptsOneRoundingStepOfTheComputeCopyOnlyWhenNotDeterministic) {
+  parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
+  group.run([&](parallel::Replica& rep) {
+    for (const auto& [apart, deterministic, stays_on] : std::vector<std::tuple<float, bool, bool>>{
+             {0x1p-7f, false, true}, {0x1p-7f, true, false}, {0x1p-6f, false, false}}) {
+      Harness h(rep, DType::bf16);
+      auto& be = ops::backend_for(rep.device());
+      int n = 0;
+      const train::StepGraph::Body body = [&](MemoryPool&, const train::StepGraph::Inputs&) {
+        be.fill(h.model->compute_copy(),
+                ++n % 2 ? 1.f : 1.f + apart);  // the capture's value is baked
+      };
+      auto g = h.steps(body, true, 4, deterministic);
+      EXPECT_EQ(!g->off(), stays_on)
+          << "apart " << apart << ", deterministic " << deterministic << ": " << g->off_reason();
+      if (!stays_on) {
+        EXPECT_NE(g->off_reason().find("the 16-bit compute copy"), std::string::npos)
+            << g->off_reason();
+      }
+    }
+  });
+}
+
+// auto's eager step runs in the graph's own pool; when it fails (out of memory, say), the state is
+// put back as it was, graphs turn off saying why, and the step runs eagerly in the replica's pool.
+TEST(StepGraph, AutoWhoseCheckFailsPutsTheStateBackAndRunsTheStepEagerly) {
+  parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
+  group.run([&](parallel::Replica& rep) {
+    Harness h(rep);
+    auto& be = ops::backend_for(rep.device());
+    int n = 0;
+    std::vector<MemoryPool*> pools;
+    const train::StepGraph::Body body = [&](MemoryPool& pool, const train::StepGraph::Inputs&) {
+      pools.push_back(&pool);
+      be.axpy(1.f, h.stats, h.stats);  // doubles what it finds: a lost restore shows
+      if (++n == 4) throw OutOfMemoryError("a pretended shortage", 1 << 20);
+      be.fill(h.stats.view(1, {1}), static_cast<float>(n));
+    };
+    be.fill(h.stats, 1.f);
+    auto g = h.steps(body, true, 4);
+    EXPECT_TRUE(g->off());
+    EXPECT_NE(g->off_reason().find("the first replay could not be checked: a pretended shortage"),
+              std::string::npos)
+        << g->off_reason();
+    ASSERT_EQ(n, 6)
+        << "2 warm-up steps, the capture, the failed check, the step eagerly, the last step";
+    EXPECT_NE(pools[3], &rep.pool()) << "the check's eager step runs in the graph's pool";
+    EXPECT_EQ(pools[4], &rep.pool());
+    // stats[0] doubled by each step that ran to its end or was put back: 1 -> 2, 4, (capture: no
+    // run), (check: put back), 8, 16.
+    EXPECT_EQ(h.stats.data<float>()[0], 16.f);
+    EXPECT_EQ(h.stats.data<float>()[1], 6.f);
+  });
+}
+
 // A step that hands a device value to the host inside the capture cannot be replayed: the
 // capture fails, the graph turns off naming the call, and that step and the ones after run eagerly.
 TEST(StepGraph, ACaptureThatReadsOnTheHostFailsAndTheStepRunsEagerly) {
@@ -253,6 +315,31 @@ TEST(StepGraph, ACaptureThatReadsOnTheHostFailsAndTheStepRunsEagerly) {
         << "2 warm-up steps, the failed capture, then its step and the last one eagerly";
     EXPECT_EQ(g->replays(), 0);
     EXPECT_EQ(h.stats.data<float>()[0], 1.f);
+  });
+}
+
+// Everything a captured step allocates must come from its private pool: a block taken from the
+// replica's pool is handed on once the capture ends, and every replay would write into it. Such a
+// capture fails, naming the count, and the steps run eagerly (from the replica's pool, as before).
+TEST(StepGraph, ACaptureThatAllocatesFromTheReplicaPoolFails) {
+  parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
+  group.run([&](parallel::Replica& rep) {
+    Harness h(rep);
+    auto& be = ops::backend_for(rep.device());
+    const train::StepGraph::Body body = [&](MemoryPool& pool, const train::StepGraph::Inputs&) {
+      const Tensor mine =
+          Tensor::empty(pool, {4}, DType::f32, MemTag::other);  // the step's own: fine
+      const Tensor other = Tensor::empty(rep.pool(), {4}, DType::f32, MemTag::other);
+      be.fill(other, 2.f);
+      copy_tensor(other, mine);
+      copy_tensor(mine, h.stats);
+    };
+    auto g = h.steps(body, false, 4);
+    EXPECT_TRUE(g->off());
+    EXPECT_NE(g->off_reason().find("took 1 block(s) from the replica's pool"), std::string::npos)
+        << g->off_reason();
+    EXPECT_EQ(g->replays(), 0);
+    EXPECT_EQ(h.stats.data<float>()[0], 2.f);
   });
 }
 
