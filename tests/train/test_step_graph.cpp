@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -403,8 +404,8 @@ TrainerRun train_run(const std::string& precision, const std::string& graph, int
 // The trainer's graphed path on a CPU replica (TrainerOptions::record_cpu_steps), as
 // CudaTraining.GraphedStepsAreBitIdenticalToEagerOnes holds it on a GPU: 8 steps over two epochs
 // with evaluation and checkpoints between them, fp32 with two micro-steps a step, fp16 with a
-// dynamic scale that skips, bf16 AdamW, under a cosine schedule; and 4 graphed steps + resume +
-// 4 graphed steps against 8 eager ones.
+// dynamic scale that skips, bf16 AdamW, under a cosine schedule; 4 graphed steps + resume +
+// 4 graphed steps against 8 eager ones; and inputs staged ahead as on a GPU (REPLICA_STAGE_AHEAD).
 TEST(StepGraph, TrainerRunsWithGraphsAreEagerRunsByteForByte) {
   for (const std::string p : {"fp32", "fp16", "bf16"}) {
     const TrainerRun eager = train_run(p, "off", 8, p + "_off");
@@ -428,5 +429,12 @@ TEST(StepGraph, TrainerRunsWithGraphsAreEagerRunsByteForByte) {
     for (const auto& [name, bytes] : eager.checkpoint)
       EXPECT_TRUE(resumed.checkpoint.count(name) && resumed.checkpoint.at(name) == bytes)
           << p << ": checkpoint section '" << name << "' differs after a resume";
+    if (p == "fp32") {  // the GPU's input order: batches copied ahead into two device slots
+      setenv("REPLICA_STAGE_AHEAD", "1", 1);
+      const TrainerRun staged = train_run(p, "on", 8, p + "_staged");
+      unsetenv("REPLICA_STAGE_AHEAD");
+      EXPECT_EQ(staged.replays, 6) << staged.summary;
+      replica::testing::expect_bit_identical(eager, staged, p + " on, inputs staged ahead, against off");
+    }
   }
 }
