@@ -243,8 +243,11 @@ TEST(StepGraph, AutoCatchesAValueBakedIntoTheCapture) {
 TEST(StepGraph, AutoAcceptsOneRoundingStepOfTheComputeCopyOnlyWhenNotDeterministic) {
   parallel::ReplicaGroup group(parse_devices("cpu:1"), {});
   group.run([&](parallel::Replica& rep) {
-    for (const auto& [apart, deterministic, stays_on] : std::vector<std::tuple<float, bool, bool>>{
+    for (const auto& c : std::vector<std::tuple<float, bool, bool>>{
              {0x1p-7f, false, true}, {0x1p-7f, true, false}, {0x1p-6f, false, false}}) {
+      // Named copies, not a structured binding: the step's lambda captures `apart`.
+      const float apart = std::get<0>(c);
+      const bool deterministic = std::get<1>(c), stays_on = std::get<2>(c);
       Harness h(rep, DType::bf16);
       auto& be = ops::backend_for(rep.device());
       int n = 0;
@@ -434,7 +437,8 @@ TEST(StepGraph, TrainerRunsWithGraphsAreEagerRunsByteForByte) {
       const TrainerRun staged = train_run(p, "on", 8, p + "_staged");
       unsetenv("REPLICA_STAGE_AHEAD");
       EXPECT_EQ(staged.replays, 6) << staged.summary;
-      replica::testing::expect_bit_identical(eager, staged, p + " on, inputs staged ahead, against off");
+      replica::testing::expect_bit_identical(eager, staged,
+                                             p + " on, inputs staged ahead, against off");
     }
   }
 }
