@@ -55,7 +55,18 @@ MemoryPool::~MemoryPool() {
     live_.for_each([&](const void*, Live* l) { base_->deallocate(l->a, l->r); });
 }
 
+namespace {
+thread_local ThreadAllocationCount* t_counting = nullptr;
+}  // namespace
+
+ThreadAllocationCount::ThreadAllocationCount(const MemoryPool& pool) : pool_(&pool), previous_(t_counting) {
+  t_counting = this;
+}
+ThreadAllocationCount::~ThreadAllocationCount() { t_counting = previous_; }
+
 void* MemoryPool::allocate(size_t bytes, MemTag tag, Stream* stream) {
+  for (ThreadAllocationCount* c = t_counting; c; c = c->previous_)
+    if (c->pool_ == this) ++c->count_;
   const size_t rounded = std::max(kGranularity, (bytes + kGranularity - 1) & ~(kGranularity - 1));
   if (stream && stream->synchronous()) stream = nullptr;  // nothing to order on a CPU
   const AllocRequest r{rounded, bytes, tag, stream};

@@ -132,4 +132,22 @@ class AllocationSite {
   const char* previous_;
 };
 
+// Counts the calling thread's allocations from one pool while it lives; other threads' (a loader
+// prefetching batches into the same pool) are not counted. A captured training step must take
+// nothing from the replica's pool (train/step_graph.h): this is how it is held to that.
+class ThreadAllocationCount {
+ public:
+  explicit ThreadAllocationCount(const MemoryPool& pool);
+  ~ThreadAllocationCount();
+  ThreadAllocationCount(const ThreadAllocationCount&) = delete;
+  ThreadAllocationCount& operator=(const ThreadAllocationCount&) = delete;
+  size_t count() const { return count_; }
+
+ private:
+  friend class MemoryPool;
+  const MemoryPool* pool_;
+  size_t count_ = 0;
+  ThreadAllocationCount* previous_;
+};
+
 }  // namespace replica

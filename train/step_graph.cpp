@@ -145,11 +145,11 @@ void StepGraph::capture(const Body& body) {
   auto g = capture_work(rep_.device(), rep_.pool());
   // A block the captured work took from the replica's pool would be written by every replay after
   // the pool handed it to someone else: everything the step allocates must come from the private pool.
-  const size_t allocs = rep_.pool().stats().allocs;
+  const ThreadAllocationCount taken(rep_.pool());  // this thread's: a loader's threads may allocate there
   g->begin(rep_.stream());
   try {
     body(*pool_, slots_);
-    if (const size_t n = rep_.pool().stats().allocs - allocs)
+    if (const size_t n = taken.count())
       throw Error("the captured step took " + std::to_string(n) +
                   " block(s) from the replica's pool, which replays would write after it handed them on");
     g->end();

@@ -136,6 +136,32 @@ TEST(MemoryPool, GrowthRegionsEachCoalesceBackToWhole) {
   EXPECT_EQ(pool->stats().reserved, 0u);
 }
 
+// ThreadAllocationCount counts the calling thread's allocations from its pool alone: not another
+// pool's, not another thread's (a loader prefetching into the same pool while a training step is
+// captured), and nested counters each see theirs.
+TEST(MemoryPool, ThreadAllocationCountSeesOnlyThisThreadsAllocationsFromItsPool) {
+  auto pool = sim_pool(AllocatorMode::growth, 256 * MiB), other = sim_pool(AllocatorMode::growth, 256 * MiB);
+  std::vector<void*> ps;
+  {
+    const ThreadAllocationCount outer(*pool);
+    ps.push_back(pool->allocate(MiB, MemTag::activations));
+    {
+      const ThreadAllocationCount inner(*other);
+      ps.push_back(pool->allocate(MiB, MemTag::activations));
+      void* o = other->allocate(MiB, MemTag::activations);
+      EXPECT_EQ(inner.count(), 1u);
+      other->deallocate(o);
+    }
+    std::thread([&] {
+      for (int i = 0; i < 5; ++i) pool->deallocate(pool->allocate(MiB, MemTag::activations));
+    }).join();
+    EXPECT_EQ(outer.count(), 2u) << "the other thread's five are not this thread's";
+  }
+  const ThreadAllocationCount after(*pool);
+  EXPECT_EQ(after.count(), 0u);
+  for (void* p : ps) pool->deallocate(p);
+}
+
 // Best-fit keeps the large hole; first-fit would carve the small request out of it.
 TEST(MemoryPool, BestFitAvoidsFragmentationFirstFitWouldCause) {
   auto pool = sim_pool(AllocatorMode::preallocate, 100 * MiB);
