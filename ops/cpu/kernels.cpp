@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "core/errors.h"
@@ -34,6 +35,39 @@ void reduce(std::vector<double>& buf, const AllReduceFn& allreduce) {
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = f[i];
 }
 
+// Conversion buffers for Rows, kept by the thread that runs the op and reused by its next ops:
+// a fresh vector per call faulted its pages in and zeroed them every time, ~1 ms a call at
+// 7x7x2048 (the 16-bit batch norm then ran at 5% of the copy rate; bench/RESULTS.md). Rows are
+// made and dropped in nesting order, so the buffers are a stack: one per live Rows.
+class RowBuffers {
+ public:
+  static float* take(size_t floats) {
+    Stack& s = stack();
+    if (s.depth == s.bufs.size()) s.bufs.emplace_back();
+    Buf& b = s.bufs[s.depth++];
+    if (b.size < floats) {
+      b.data.reset(new float[floats]);  // not zeroed: every element is written before it is read
+      b.size = floats;
+    }
+    return b.data.get();
+  }
+  static void give_back() { --stack().depth; }
+
+ private:
+  struct Buf {
+    std::unique_ptr<float[]> data;
+    size_t size = 0;
+  };
+  struct Stack {
+    std::vector<Buf> bufs;
+    size_t depth = 0;
+  };
+  static Stack& stack() {
+    thread_local Stack s;
+    return s;
+  }
+};
+
 // Rows of an [M, C] activation in f32, kBlock at a time: f32 tensors in place; 16-bit ones
 // converted block by block into a small buffer (it stays in cache) and, for outputs, rounded
 // back by put(). run_in_f32's arithmetic exactly, without its whole-tensor f32 copies.
@@ -41,27 +75,33 @@ class Rows {
  public:
   static constexpr int64_t kBlock = 32;
   // threads: one conversion buffer per intra-op thread (parallel_for's thread index).
-  Rows(const Tensor& t, int64_t C, int threads = 1) : t_(t), C_(C) {
-    if (t.dtype() != DType::f32) bufs_.assign(static_cast<size_t>(threads), std::vector<float>(kBlock * C));
+  Rows(const Tensor& t, int64_t C, int threads = 1) : t_(t), C_(C), stride_(kBlock * C) {
+    if (t.dtype() != DType::f32) bufs_ = RowBuffers::take(static_cast<size_t>(threads * stride_));
   }
+  ~Rows() {
+    if (bufs_) RowBuffers::give_back();
+  }
+  Rows(const Rows&) = delete;
+  Rows& operator=(const Rows&) = delete;
   // Rows [i0, i0 + n) to read.
   const float* in(int64_t i0, int64_t n, int thread = 0) {
-    if (bufs_.empty()) return t_.data<float>() + i0 * C_;
-    float* b = bufs_[thread].data();
+    if (!bufs_) return t_.data<float>() + i0 * C_;
+    float* b = buf(thread);
     convert(at(i0), t_.dtype(), b, DType::f32, static_cast<size_t>(n * C_));
     return b;
   }
   // Rows from i0 to write, then put(i0, n).
-  float* out(int64_t i0, int thread = 0) { return bufs_.empty() ? t_.data<float>() + i0 * C_ : bufs_[thread].data(); }
+  float* out(int64_t i0, int thread = 0) { return bufs_ ? buf(thread) : t_.data<float>() + i0 * C_; }
   void put(int64_t i0, int64_t n, int thread = 0) {
-    if (!bufs_.empty()) convert(bufs_[thread].data(), DType::f32, at(i0), t_.dtype(), static_cast<size_t>(n * C_));
+    if (bufs_) convert(buf(thread), DType::f32, at(i0), t_.dtype(), static_cast<size_t>(n * C_));
   }
 
  private:
+  float* buf(int thread) const { return bufs_ + thread * stride_; }
   char* at(int64_t i0) const { return static_cast<char*>(t_.raw()) + static_cast<size_t>(i0 * C_) * dtype_size(t_.dtype()); }
   const Tensor& t_;
-  int64_t C_;
-  std::vector<std::vector<float>> bufs_;
+  int64_t C_, stride_;
+  float* bufs_ = nullptr;  // threads x stride_ floats from RowBuffers, when t is 16-bit
 };
 
 // The row blocks of an [M, C] pass, and the threads that share them: more than one only when
