@@ -61,6 +61,10 @@ class Communicator {
   // all-reduce, all processes on one machine): the pools then take memory those processes can
   // map (PoolOptions::shared_across_processes).
   virtual bool maps_peer_buffers() const { return false; }
+  // True when a CUDA graph captured on a replica's compute stream holds these collectives as its
+  // own nodes (NCCL's kernels); false for host communicators and for device buffers staged
+  // through the host, whose copies and host waits no graph can hold.
+  virtual bool captured_by_cuda_graphs() const { return false; }
 
   // In place over `count` elements of `dtype`. f32 sums in f32 (avg: the sum, then / size()).
   // 16-bit reductions (f16 / bf16) are 16-bit arithmetic on every communicator, as NCCL's ring
@@ -92,6 +96,18 @@ class Communicator {
 
   // Stops every pending and future collective on every rank with CommError(why).
   virtual void abort(const std::string& why) = 0;
+
+  // A Work for everything queued on `s` (a replica's compute stream) so far, the collectives of a
+  // replayed CUDA graph among it: the step's host read polls it in place of the handles the
+  // graph's capture made, which name no run of the graph (train/step_graph.h). NCCL records an
+  // event on `s` and polls it as it polls its own collectives (an abort elsewhere in the clique,
+  // NCCL's asynchronous error, the time-out from now); a communicator whose collectives are over
+  // when their calls return has nothing pending. `what` names it in a failure (a literal).
+  virtual WorkHandle stream_work(Stream& s, const char* what) {
+    (void)s;
+    (void)what;
+    return std::make_shared<DoneWork>();
+  }
 
   // Blocking forms. Implementations may run them on the calling thread (after any pending async
   // collectives), which saves two thread hand-offs per call.

@@ -349,6 +349,10 @@ void GradientSync::drain() {
   zero();
 }
 
+void GradientSync::forget_work() {
+  for (auto& b : buckets_) b.work = nullptr;
+}
+
 void GradientSync::check() const {
   for (const auto& b : buckets_)
     if (b.work) b.work->check();

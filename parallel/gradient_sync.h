@@ -102,6 +102,13 @@ class GradientSync {
   // before the gradient buffer is freed).
   void drain();
 
+  // Drops the handles of the last pass's collectives without waiting: a captured step's handles
+  // name its capture, not a replay (the replay's are polled through Communicator::stream_work).
+  void forget_work();
+  // True once the bucket layout is final: no re-cut pending or waiting for an observed order. A
+  // re-cut broadcasts rank 0's order on the host, which a captured step cannot hold.
+  bool settled() const { return !rebuild_pending_ && (rebuild_done_ || !o_.rebuild || comm_.size() == 1); }
+
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int launched_during_backward() const { return launched_early_; }
   // 1 when the observed order re-cut the buckets, 0 while it has not or cut the same ones.

@@ -14,6 +14,7 @@
 #include "core/pools.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/host/host_communicator.h"
+#include "parallel/recordable_communicator.h"
 #include "parallel/solo_communicator.h"
 #include "parallel/staged_communicator.h"
 #include "parallel/mpi/mpi_communicator.h"
@@ -140,6 +141,10 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
     co.timeout = opts.comm_timeout;
     comms = make_host_communicators(n, co);
   }
+  // A CPU replica's step can be recorded and replayed (train.cuda_graph's CPU form): its
+  // collectives go into the recording as a GPU's NCCL calls go into its graph.
+  if (!cuda_count)
+    for (auto& c : comms) c = make_recordable_communicator(std::move(c));
   if (launched_by_mpi()) {
     auto p = mpi_process();
     process_rank_ = p.rank;

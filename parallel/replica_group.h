@@ -29,10 +29,12 @@ class Replica {
   // Host-to-device input copies overlap compute here (GPU replicas; null on CPU).
   Stream* copy_stream() { return copy_stream_.get(); }
   Communicator& comm() { return *comm_; }
+  const Communicator& comm() const { return *comm_; }
   // The latency lane, where sync-BN's small all-reduces go: on GPUs a second NCCL communicator on
   // a high-priority stream when GroupOptions::latency_lane asked for one, so they do not queue
   // behind the gradient buckets on the first one's stream; otherwise the communicator itself.
   Communicator& lane() { return lane_ ? *lane_ : *comm_; }
+  const Communicator& lane() const { return lane_ ? *lane_ : *comm_; }
   bool has_lane() const { return lane_ != nullptr; }
   // Sums `n` floats across replicas in place, ordered on the compute stream: device memory on a
   // GPU replica goes through the lane with no host round trip (the compute stream waits for the

@@ -73,7 +73,14 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
 }
 
 std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica& replica) {
-  if (replica.world() > 1) return "more than one replica (the collectives are not captured yet)";
+  if (replica.world() > 1 && replica.device().kind == DeviceKind::cuda) {
+    if (!replica.comm().captured_by_cuda_graphs() || !replica.lane().captured_by_cuda_graphs())
+      return "the collectives of " + replica.comm().name() +
+             " are staged through host memory (several replicas on one GPU): a graph cannot hold them";
+    if (o.cuda_graph == "auto")
+      return "more than one GPU: no multi-GPU run has checked the captured NCCL collectives yet; "
+             "train.cuda_graph: on captures them";
+  }
   if (o.shard.sharded()) return "parallel.shard";
   if (o.timeline) return "--trace (it waits on the host inside the step)";
   if (o.fault) return "REPLICA_FAULT";
@@ -93,7 +100,8 @@ Tensor ReplicaStep::owned_grads() const {
 }
 
 void ReplicaStep::zero_grad() {
-  deferred_ = graph_ && graph_->begin_step();
+  // The buckets' first re-cut (a host broadcast) runs in an eager step, before any capture.
+  deferred_ = graph_ && graph_->begin_step(sync_->settled());
   count_ = 0;
   micro_seen_ = 0;
   // The loss weight (each micro-step's loss is weighted by scale / (micro_batch * accumulation))
@@ -194,8 +202,9 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   // of the step is left to fail, and the device's verdict (step_gate) skips what the host will
   // skip, so the device goes from the backward to the update without waiting for the host. With
   // peers the host reads first, so a failed collective is found before anything changes (the
-  // survivors' state stays a completed step's: train/recovery.h). A deferred step (train.cuda_graph,
-  // one replica) holds all of it: zeroing, the passes, the scalars and the update, one replay.
+  // survivors' state stays a completed step's: train/recovery.h). A deferred step (train.cuda_graph)
+  // holds all of it, one replay: zeroing, the passes, the collectives, the scalars, and alone in
+  // the job the update (with peers the update follows the read, as above).
   const bool update_first = rep_.world() == 1;
   // Whichever way apply() leaves, a queued update is settled: counted only when it was applied.
   struct Settle {
@@ -206,16 +215,29 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
     }
   } settle{opt_};
   double queued = 0;  // the host's time queueing the update: the optimizer's share, not the wait's
+  replayed_.reset();
+  replayed_lane_.reset();
   if (deferred_) {
+    // With peers the update stays out of the graph: it follows the host's read, as eagerly.
+    const int64_t replays = graph_->replays();
     graph_->run([&](MemoryPool& pool, const StepGraph::Inputs& in) {
       zero_on_device();
       for (size_t k = 0; k < in.size(); ++k)
         run_pass(pool, in[k].first, in[k].second, static_cast<int>(k) == o_.accumulation - 1);
       finish_gradients();
       queue_step_scalars();
-      queue_update(lr);
+      if (update_first) queue_update(lr);
     });
-    if (!opt_.pending()) opt_.replayed(lr);  // only the graph ran: its update is this step's
+    if (update_first && !opt_.pending()) opt_.replayed(lr);  // only the graph ran: its update is this step's
+    if (graph_->replays() > replays && rep_.world() > 1) {
+      // The graph ran last: the handles its capture made name no run of it.
+      metrics_.reset();
+      partials_work_.reset();
+      sync_->forget_work();
+      replayed_ = rep_.comm().stream_work(rep_.stream(), "collectives of the replayed step");
+      if (rep_.has_lane())
+        replayed_lane_ = rep_.lane().stream_work(rep_.stream(), "sync-BN collectives of the replayed step");
+    }
   } else {
     finish_gradients();
     queue_step_scalars();
@@ -368,6 +390,8 @@ void ReplicaStep::read_step_scalars(float* host) {
   ops::backend_for(rep_.device()).read_to_host(stats_, host, [&] {
     if (metrics_) metrics_->check();
     if (partials_work_) partials_work_->check();
+    if (replayed_) replayed_->check();
+    if (replayed_lane_) replayed_lane_->check();
     sync_->check();
   });
 }

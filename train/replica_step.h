@@ -87,9 +87,11 @@ struct StepOptions {
   bool deterministic = false;  // train.deterministic in force: auto's check is then bit for bit
 };
 
-// Why train.cuda_graph cannot serve this replica's step ("" when it can): a replica alone in the
-// job (collectives are not captured yet), unsharded, without a trace or a fault hook. (The trainer
-// adds: a GPU replica.)
+// Why train.cuda_graph cannot serve this replica's step ("" when it can): unsharded, without a
+// trace or a fault hook; with peers, collectives a graph can hold (NCCL's, or a CPU replica's
+// recorded ones; not collectives staged through the host), and on GPUs `on` only: `auto` keeps
+// several GPUs eager until a multi-GPU run has checked the captured collectives. (The trainer
+// adds: a GPU replica, unless it records CPU steps.)
 std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica& replica);
 
 // Where one replica's step time went, summed over the run (the run report splits wall time by it).
@@ -185,6 +187,10 @@ class ReplicaStep {
   Tensor knobs_;
   bool deferred_ = false;  // this step's device work waits for apply() (train.cuda_graph)
   parallel::WorkHandle metrics_, partials_work_;  // this step's scalar collectives (world > 1)
+  // A replayed step's collectives (world > 1): polled by the step's host read in place of the
+  // handles above, which name the capture (Communicator::stream_work), for the communicator and
+  // the latency lane.
+  parallel::WorkHandle replayed_, replayed_lane_;
   std::unique_ptr<StepGraph> graph_;
   double count_ = 0;
   int micro_seen_ = 0;

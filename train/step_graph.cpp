@@ -69,13 +69,13 @@ void StepGraph::turn_off(const std::string& why) {
   block_ = nullptr;
 }
 
-bool StepGraph::begin_step() {
+bool StepGraph::begin_step(bool ready) {
   if (measuring_) {  // the last warm-up step threw before end_eager()
     rep_.pool().pop_scope();
     measuring_ = false;
   }
   if (!off_.empty()) return false;
-  if (eager_ < kWarmupSteps) {  // cuDNN chooses, the scratch grows, the peak is measured
+  if (eager_ < kWarmupSteps || !ready) {  // cuDNN chooses, the scratch grows, the peak is measured
     rep_.pool().push_scope();
     measuring_ = true;
     return false;
@@ -107,11 +107,22 @@ bool StepGraph::stage(int k, const Tensor& images, const Tensor& labels) {
   return true;
 }
 
+std::string StepGraph::agree(const std::string& mine, const char* what) {
+  if (rep_.world() == 1) return mine;
+  const float failed = mine.empty() ? 0.f : 1.f;
+  const std::vector<float> all = rep_.all_gather(&failed, 1);
+  if (!mine.empty()) return mine;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r] != 0.f) return "replica " + std::to_string(r) + " " + what;
+  return "";
+}
+
 bool StepGraph::run(const Body& body) {
   if (!off_.empty()) {
     body(rep_.pool(), slots_);
     return true;
   }
+  std::string failed;
   try {  // nothing of this step has run when it throws: it then runs eagerly, once
     if (current_stream() != &rep_.stream()) throw Error("the replica's work does not go to its compute stream");
     if (!pool_) {
@@ -128,7 +139,18 @@ bool StepGraph::run(const Body& body) {
     }
     if (!graph_ || epoch_ != ops::backend_for(rep_.device()).capture_epoch()) capture(body);
   } catch (const std::exception& err) {
-    turn_off(std::string("no graph: ") + err.what());
+    failed = err.what();
+    if (failed.empty()) failed = "capturing failed";
+  }
+  // The first capture is agreed with the peers: auto's check runs the step twice, an eager step
+  // once, and the collectives of every replica must pair. A later re-capture that fails on one
+  // replica only turns its own graph off: eager and replayed steps issue the same collectives.
+  if (!agreed_) {
+    agreed_ = true;
+    failed = agree(failed, "could not capture its step");
+  }
+  if (!failed.empty()) {
+    turn_off("no graph: " + failed);
     body(rep_.pool(), slots_);
     return true;
   }
@@ -210,6 +232,7 @@ bool StepGraph::check(const Body& body) {
   } catch (const std::exception& err) {
     if (opt_.pending()) opt_.settle(false);
     restore(before);
+    if (rep_.world() > 1) throw;  // its peers wait on this step's collectives: the group stops
     turn_off(std::string("the first replay could not be checked: ") + err.what());
     body(rep_.pool(), slots_);
     return true;
@@ -220,13 +243,16 @@ bool StepGraph::check(const Body& body) {
   std::string diff;
   for (size_t i = 0; i < live.size(); ++i)
     diff += compare(name(i), live[i].dtype(), eager[i], tensor_to_bytes(live[i]), deterministic_);
+  if (!diff.empty()) diff = diff.substr(0, diff.size() - 2);
+  diff = agree(diff, "found that its first replay differs from an eager step from the same state");
   if (diff.empty()) {
     log_info("train.cuda_graph: the first replay matches an eager step from the same state (",
              deterministic_ ? "bit for bit" : "within 1e-3", ")");
     return true;
   }
-  restore(eager);  // the eager step stands
-  turn_off("the first replay differs from an eager step from the same state (" + diff.substr(0, diff.size() - 2) + ")");
+  restore(eager);  // the eager step stands (on every replica: their eager steps reduced together)
+  turn_off(diff.rfind("replica ", 0) == 0 ? diff
+                                          : "the first replay differs from an eager step from the same state (" + diff + ")");
   return true;
 }
 

@@ -1,4 +1,4 @@
-// StepGraph: train.cuda_graph on one GPU replica. A training step's device work (zeroing, each
+// StepGraph: train.cuda_graph on a GPU replica. A training step's device work (zeroing, each
 // micro-batch's forward, loss and backward, the step's scalars and verdict, the update) is several
 // hundred kernel launches whose host cost bounds small batches and small models; here the first
 // steps run eagerly (cuDNN settles its algorithms, the backend its scratch, and the step's memory
@@ -22,6 +22,13 @@
 // the state on the host and runs its eager step in the graph's pool, so it needs no device memory
 // beyond the graph's; an eager step that fails there turns graphs off and runs in the replica's pool. A difference, like any failure to capture, turns graphs off for the rest of the run,
 // saying why, and steps go on eagerly.
+// With peers (several replicas) the collectives are captured with the step: NCCL's calls are nodes
+// of the graph, and a CPU replica's collectives are recorded with its calls
+// (parallel/recordable_communicator.h). Every replica must issue the same collectives in the same
+// order, so what decides how many times a step runs is agreed: the first capture succeeds on every
+// replica or graphs turn off on all of them, and auto's check turns them off everywhere when any
+// replica's first replay differs (every replica then keeps its eager step). A check whose eager step
+// fails rethrows (peers wait on its collectives), after putting the state back.
 // On a CPU replica (the C++ API; the trainer keeps CPU runs eager) the step is recorded as the
 // backend calls it makes and replayed the same way (core/captured_work.h): no faster, since the
 // host does the work either way, but the same contract, so the CPU suite runs all of the above.
@@ -54,10 +61,11 @@ class StepGraph {
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
-  // At the step's start: true when its device work waits for run() (the warm-up is over and
-  // graphs are on); false: it runs eagerly, and a warm-up step's memory peak is measured until
-  // end_eager().
-  bool begin_step();
+  // At the step's start: true when its device work waits for run() (the warm-up is over, the
+  // caller is `ready` and graphs are on); false: it runs eagerly, and a warm-up step's memory peak
+  // is measured until end_eager(). Not ready: the step still does host work a capture cannot hold
+  // (the gradient buckets' first re-cut), and counts as one more warm-up step.
+  bool begin_step(bool ready = true);
   void end_eager();
   // Micro-batch k of a deferred step, copied into its fixed slot; false when it does not fit
   // (the caller runs the step eagerly from here, the micro-batches before it from slots()).
@@ -80,6 +88,10 @@ class StepGraph {
   void capture(const Body& body);
   bool check(const Body& body);
   void turn_off(const std::string& why);
+  // With peers, one replica's failure is every replica's: `mine`, or where it is empty and another
+  // replica failed, a reason naming that replica and `what` (a host all-gather: every replica
+  // calls it at the same point of the same step).
+  std::string agree(const std::string& mine, const char* what);
   std::vector<Tensor> state();  // what a step changes, for check()
 
   parallel::Replica& rep_;
@@ -87,7 +99,7 @@ class StepGraph {
   optim::Optimizer& opt_;
   Tensor stats_;
   int micro_steps_;
-  bool verify_, deterministic_, checked_ = false;
+  bool verify_, deterministic_, checked_ = false, agreed_ = false;
   int eager_ = 0;
   bool measuring_ = false;
   size_t peak_ = 0;  // the eager steps' pool use above their start, at most

@@ -198,6 +198,7 @@ class NcclCommunicator : public Communicator {
   int size() const override { return world_; }
   std::string name() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
+  bool captured_by_cuda_graphs() const override { return true; }
   // Aborts every communicator of this process's group (NCCL needs all ranks aborted); later
   // calls on any of them are CommErrors naming their rank.
   void abort(const std::string& why) override {
@@ -242,6 +243,16 @@ class NcclCommunicator : public Communicator {
     return per_owner("all_gather_v", d, t, b, [&](char* p, size_t count, int owner) {
       REPLICA_NCCL_CHECK(ncclBroadcast(p, p, count, nccl_type(t), owner, comm_, stream_));
     });
+  }
+  // The replayed step's collectives are nodes of its graph, queued on the compute stream: an event
+  // recorded there after the replay completes when they (and the step) have, and polls as theirs.
+  WorkHandle stream_work(Stream& s, const char* what) override {
+    clique_->state->check(rank_, std::string("NCCL ") + what);
+    if (!s.native()) return std::make_shared<DoneWork>();
+    cuda::DeviceGuard g(device_);
+    cudaEvent_t e = done_[next_++ % kEvents];
+    REPLICA_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(s.native())));
+    return std::make_shared<NcclWork>(comm_, e, device_, clique_->state, rank_, o_.timeout, what);
   }
   WorkHandle barrier_async() override {
     begin("barrier");

@@ -1039,6 +1039,37 @@ TEST(CudaTraining, GraphedStepsAreBitIdenticalToEagerOnes) {
   }
 }
 
+// train.cuda_graph with peers on GPUs. Two replicas sharing one GPU reduce through host memory,
+// which no graph can hold: `on` is an error saying so, `auto` stays eager. Over NCCL (two GPUs)
+// `on` captures the collectives with the step, and a deterministic graphed run is the eager run
+// byte for byte; `auto` stays eager until a multi-GPU run has checked that capture. The same
+// mechanism with recorded collectives on CPU replicas: StepGraph.Peers... in test_step_graph.cpp.
+TEST(CudaTraining, GraphsWithPeers) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
+  const std::vector<std::string> extra = {"train.deterministic=true", "optim.schedule=cosine", "parallel.bucket_mb=0.1",
+                                          "train.loss_scale=dynamic", "train.loss_scale_init=1048576",
+                                          "train.loss_scale_growth_interval=2"};
+  auto with = [&](const std::string& devices, const std::string& mode, const std::string& dir) {
+    auto e = extra;
+    e.push_back("train.cuda_graph=" + mode);
+    return gpu_run_sets(devices, "fp16", 6, dir, e);
+  };
+  try {
+    gpu_run(with("cuda:0,0", "on", "peers_staged_on"));
+    ADD_FAILURE() << "train.cuda_graph: on ran with host-staged collectives";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("staged through host memory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(gpu_run(with("cuda:0,0", "auto", "peers_staged_auto")).graph_replays, -1);
+  if (cuda_devices().size() < 2) GTEST_SKIP() << "NCCL's collectives inside a graph: needs two GPUs";
+  const GpuRun eager = gpu_run(with("cuda:0,1", "off", "peers_nccl_off"));
+  const GpuRun on = gpu_run(with("cuda:0,1", "on", "peers_nccl_on"));
+  EXPECT_EQ(on.graph_replays, 4) << on.graph_summary;
+  expect_bit_identical(eager, on, "fp16 on 2 GPUs over NCCL, train.cuda_graph=on against off");
+  EXPECT_EQ(gpu_run(with("cuda:0,1", "auto", "peers_nccl_auto")).graph_replays, -1);
+  std::printf("  2 GPUs, train.cuda_graph=on: %s\n", on.graph_summary.c_str());
+}
+
 // (c) The trajectory against the CPU while it is not chaotic: 3 steps, fp32, lr 0.05. Measured
 // on an H200 (2026-12-04, bench/RESULTS.md): the worst relative loss gap over steps 1-3 was
 // 2.83e-4 and 2.93e-4 in two runs of this build (the first H200 run, with the old kernels, gave

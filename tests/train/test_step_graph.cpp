@@ -178,6 +178,103 @@ TEST(StepGraph, AReplayedRunIsTheEagerRunBitForBit) {
 
 namespace {
 
+struct PeerCase {
+  const char* name;
+  DType activations;
+  int accumulation;
+  DType wire;    // parallel.grad_dtype: a 16-bit wire rounds into staging buffers and back
+  bool sync_bn;  // batch norm's statistics summed across replicas inside its forward and backward
+  bool dynamic_scale;
+};
+
+// Two CPU replicas training on different data, as the trainer drives them: every step's status and
+// each replica's state after 9 steps (the buckets are small, so a step reduces several).
+std::vector<RunOut> run_peers(const PeerCase& c, const std::string& graph, int steps = 9) {
+  parallel::ReplicaGroup group(parse_devices("cpu:2"), {});
+  std::vector<RunOut> out(2);
+  group.run([&](parallel::Replica& rep) {
+    auto model = tiny_resnet();
+    model->materialize(rep.pool(), 7, c.activations);
+    optim::Sgd opt(model->registry(), model->num_params(), rep.pool(), optim::SgdOptions{});
+    optim::DynamicLossScaler scaler({.init_scale = 1048576.f, .growth_interval = 2});
+    train::StepOptions so{.accumulation = c.accumulation,
+                          .micro_batch = 8,
+                          .activations = c.activations,
+                          .scaler = c.dynamic_scale ? &scaler : nullptr};
+    so.sync_bn = c.sync_bn;
+    so.buckets.bucket_mb = 0.004;  // ~1000 floats: the tiny ResNet's ~4700 gradients in several buckets
+    so.buckets.first_bucket_mb = 0.001;
+    so.buckets.wire = c.wire;
+    so.clip_grad_norm = 5;
+    so.deterministic = true;
+    so.cuda_graph = graph;
+    train::ReplicaStep rs(rep, *model, opt, so);
+    RunOut& o = out[static_cast<size_t>(rep.rank())];
+    for (int s = 1; s <= steps; ++s) {
+      rs.zero_grad();
+      for (int k = 0; k < c.accumulation; ++k) {
+        Tensor x, y;
+        random_batch(rep.pool(), 8, static_cast<uint32_t>(1000 * rep.rank() + 100 * s + k), x, y);
+        rs.micro_step(x, y, k == c.accumulation - 1);
+      }
+      o.steps.push_back(rs.apply(0.1f * 0.5f * (1 + std::cos(3.14159f * s / (steps + 1)))));
+    }
+    for (const Tensor& t : {model->params(), model->compute_copy(), model->grads(), model->buffers()})
+      o.state.push_back(bytes_of(t));
+    for (Tensor* t : opt.state()) o.state.push_back(bytes_of(*t));
+    if (const train::StepGraph* g = rs.graph()) {
+      o.replays = g->replays();
+      o.off = g->off();
+      o.summary = g->summary();
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+// With peers the collectives are part of the captured step (NCCL's are nodes of a GPU's graph; a
+// CPU replica's are recorded with its calls): two replicas replaying their steps, whose buckets
+// all-reduce between the recorded calls, are two eager replicas bit for bit, each of them, in
+// fp32 with two micro-steps, with a 16-bit wire, with sync-BN (its all-reduces inside the
+// recorded batch-norm calls) and in fp16 with a dynamic scale. The update follows the host's read
+// of the step's scalars, as eagerly (a failed collective is then seen before anything changes).
+TEST(StepGraph, PeersReplayTheirCollectivesAndAreEagerPeersBitForBit) {
+  const PeerCase cases[] = {
+      {"fp32, 2 micro-steps", DType::f32, 2, DType::f32, false, false},
+      {"bf16, a bf16 wire", DType::bf16, 1, DType::bf16, false, false},
+      {"fp32, sync-BN", DType::f32, 1, DType::f32, true, false},
+      {"fp16, dynamic scale, an fp16 wire", DType::f16, 1, DType::f16, false, true},
+  };
+  for (const PeerCase& c : cases) {
+    const std::vector<RunOut> eager = run_peers(c, "off");
+    EXPECT_TRUE(eager[0].state[0] == eager[1].state[0]) << c.name << ": eager replicas agree";
+    for (const char* mode : {"on", "auto"}) {
+      const std::vector<RunOut> g = run_peers(c, mode);
+      const std::string what = std::string(c.name) + ", cuda_graph " + mode;
+      for (size_t r = 0; r < 2; ++r) {
+        EXPECT_FALSE(g[r].off) << what << " replica " << r << ": " << g[r].summary;
+        EXPECT_EQ(g[r].replays, 7) << what << " replica " << r << ": " << g[r].summary;
+        ASSERT_EQ(g[r].steps.size(), eager[r].steps.size());
+        for (size_t i = 0; i < eager[r].steps.size(); ++i) {
+          const auto &a = eager[r].steps[i], &b = g[r].steps[i];
+          EXPECT_EQ(a.applied, b.applied) << what << " replica " << r << " step " << i + 1;
+          EXPECT_TRUE(same(a.loss, b.loss)) << what << " replica " << r << " step " << i + 1;
+          EXPECT_TRUE(same(a.grad_norm, b.grad_norm)) << what << " replica " << r << " step " << i + 1;
+          EXPECT_EQ(a.scale, b.scale) << what << " replica " << r << " step " << i + 1;
+          EXPECT_EQ(a.samples, 16 * c.accumulation) << what << ": both replicas' samples";
+        }
+        ASSERT_EQ(g[r].state.size(), eager[r].state.size());
+        for (size_t i = 0; i < eager[r].state.size(); ++i)
+          EXPECT_TRUE(g[r].state[i] == eager[r].state[i]) << what << " replica " << r << ": state " << i << " differs";
+      }
+      std::printf("  %s: %s\n", what.c_str(), g[0].summary.c_str());
+    }
+  }
+}
+
+namespace {
+
 // StepGraph over a hand-written step body: the model and optimizer are only the state compared.
 struct Harness {
   parallel::Replica& rep;
@@ -347,6 +444,51 @@ TEST(StepGraph, ACaptureThatAllocatesFromTheReplicaPoolFails) {
   });
 }
 
+// With peers, what decides how often a step runs is agreed, or their collectives would not pair:
+// a first capture that fails on one replica (rank 1 reads on the host) turns graphs off on both,
+// and both run the step eagerly; auto's check that finds one replica's replay differs (rank 1
+// bakes a value) turns graphs off on both, naming that replica, and both keep their eager steps.
+// Every step all-reduces, so an unpaired collective would end the test in a time-out.
+TEST(StepGraph, PeersAgreeOnCapturesAndOnAutosCheck) {
+  for (const bool reads_on_host : {true, false}) {
+    parallel::ReplicaGroup group(parse_devices("cpu:2"), {});
+    std::vector<std::string> reasons(2);
+    std::vector<float> reduced(2), runs(2);
+    group.run([&](parallel::Replica& rep) {
+      Harness h(rep);
+      auto& be = ops::backend_for(rep.device());
+      int n = 0;
+      const train::StepGraph::Body body = [&](MemoryPool&, const train::StepGraph::Inputs&) {
+        ++n;
+        be.axpy(1.f, h.stats.view(0, {1}), h.stats.view(0, {1}));  // doubles stats[0]
+        if (rep.rank() == 1 && reads_on_host) be.fill(h.stats.view(2, {1}), static_cast<float>(be.sum_squares(h.stats)));
+        if (rep.rank() == 1 && !reads_on_host) be.fill(h.stats.view(1, {1}), static_cast<float>(n));  // baked
+        rep.comm().all_reduce_async(h.stats.raw(), 1, DType::f32, parallel::ReduceOp::avg)->order_before(rep.stream());
+      };
+      be.fill(h.stats, 1.f);
+      auto g = h.steps(body, !reads_on_host, 5);
+      reasons[static_cast<size_t>(rep.rank())] = g->off() ? g->off_reason() : "";
+      reduced[static_cast<size_t>(rep.rank())] = h.stats.data<float>()[0];
+      runs[static_cast<size_t>(rep.rank())] = static_cast<float>(n);
+    });
+    const std::string what = reads_on_host ? "a failed capture on replica 1" : "auto, replica 1's replay differs";
+    for (size_t r = 0; r < 2; ++r) EXPECT_FALSE(reasons[r].empty()) << what << ": replica " << r << " turned off";
+    if (reads_on_host) {
+      EXPECT_NE(reasons[1].find("Backend::sum_squares hands device memory to the host"), std::string::npos) << reasons[1];
+      EXPECT_NE(reasons[0].find("replica 1 could not capture its step"), std::string::npos) << reasons[0];
+      // 2 warm-up steps, the capture's step eagerly, 2 more: 5 doublings.
+      EXPECT_EQ(reduced[0], 32.f) << what;
+    } else {
+      EXPECT_NE(reasons[1].find("the step's scalars"), std::string::npos) << reasons[1];
+      EXPECT_NE(reasons[0].find("replica 1 found that its first replay differs"), std::string::npos) << reasons[0];
+      // 2 warm-up steps, the check's eager step (kept), 2 more: 5 doublings.
+      EXPECT_EQ(reduced[0], 32.f) << what;
+      EXPECT_EQ(runs[0], 6.f) << "the capture records the body once without running it";
+    }
+    EXPECT_EQ(reduced[0], reduced[1]) << what << ": the replicas agree";
+  }
+}
+
 namespace {
 
 // Everything a trainer run leaves (expect_bit_identical compares two).
@@ -359,7 +501,8 @@ struct TrainerRun {
 };
 
 TrainerRun train_run(const std::string& precision, const std::string& graph, int64_t steps,
-                     const std::string& dir, const std::string& resume = "") {
+                     const std::string& dir, const std::string& resume = "",
+                     const std::string& devices = "cpu:1") {
   // ResNet-20 on synthetic 8x8x3 images, 4 steps an epoch: evaluation and a checkpoint after
   // each epoch run between graphed steps.
   std::vector<std::string> sets = {"model.arch=resnet20",
@@ -377,7 +520,7 @@ TrainerRun train_run(const std::string& precision, const std::string& graph, int
                                    "checkpoint.every_epochs=1",
                                    "optim.schedule=cosine",
                                    "optim.lr=0.05",
-                                   "parallel.devices=cpu:1",
+                                   "parallel.devices=" + devices,
                                    "train.cuda_graph=" + graph};
   if (precision == "fp32") sets.push_back("train.micro_batch=32");  // two micro-steps a step
   if (precision == "bf16")
@@ -439,6 +582,22 @@ TEST(StepGraph, TrainerRunsWithGraphsAreEagerRunsByteForByte) {
       EXPECT_EQ(staged.replays, 6) << staged.summary;
       replica::testing::expect_bit_identical(eager, staged,
                                              p + " on, inputs staged ahead, against off");
+    }
+  }
+}
+
+// The trainer's graphed path with two replicas (their buckets, the stop vote and the metrics
+// all-reduced inside the recorded step; each replica's update after the step's read): 8 steps
+// with evaluation and checkpoints between them, fp32 with two micro-steps and fp16 with a dynamic
+// scale, byte-identical to the eager two-replica run.
+TEST(StepGraph, TrainerRunsOnTwoReplicasWithGraphsAreEagerRunsByteForByte) {
+  for (const std::string p : {"fp32", "fp16"}) {
+    const TrainerRun eager = train_run(p, "off", 8, p + "_peers_off", "", "cpu:2");
+    for (const std::string mode : {"on", "auto"}) {
+      const TrainerRun g = train_run(p, mode, 8, p + "_peers_" + mode, "", "cpu:2");
+      EXPECT_EQ(g.replays, 6) << p << " " << mode << ": " << g.summary;
+      replica::testing::expect_bit_identical(eager, g, p + " on 2 replicas, train.cuda_graph=" + mode + " against off");
+      std::printf("  %s on 2 replicas, train.cuda_graph=%s: %s\n", p.c_str(), mode.c_str(), g.summary.c_str());
     }
   }
 }
