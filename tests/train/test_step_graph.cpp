@@ -128,6 +128,27 @@ RunOut run_steps(const Case& c, const std::string& graph, int steps = 9) {
   return out;
 }
 
+// Every step's status and the state after the run, `g` against `eager`.
+void expect_same_run(const RunOut& eager, const RunOut& g, const std::string& what) {
+  ASSERT_EQ(g.steps.size(), eager.steps.size()) << what;
+  for (size_t i = 0; i < eager.steps.size(); ++i) {
+    const auto &a = eager.steps[i], &b = g.steps[i];
+    EXPECT_EQ(a.applied, b.applied) << what << " step " << i + 1;
+    EXPECT_EQ(a.step, b.step) << what << " step " << i + 1;
+    EXPECT_TRUE(same(a.loss, b.loss)) << what << " step " << i + 1 << ": loss " << a.loss << " " << b.loss;
+    EXPECT_TRUE(same(a.accuracy, b.accuracy)) << what << " step " << i + 1;
+    EXPECT_TRUE(same(a.grad_norm, b.grad_norm))
+        << what << " step " << i + 1 << ": norm " << a.grad_norm << " " << b.grad_norm;
+    EXPECT_EQ(a.scale, b.scale) << what << " step " << i + 1;
+    EXPECT_EQ(a.samples, b.samples) << what << " step " << i + 1;
+  }
+  static const char* const kState[] = {"parameters", "16-bit copy", "gradients", "statistics"};
+  ASSERT_EQ(g.state.size(), eager.state.size()) << what;
+  for (size_t i = 0; i < eager.state.size(); ++i)
+    EXPECT_TRUE(g.state[i] == eager.state[i])
+        << what << ": " << (i < 4 ? kState[i] : ("optimizer state " + std::to_string(i - 4)).c_str()) << " differ";
+}
+
 }  // namespace
 
 TEST(StepGraph, AReplayedRunIsTheEagerRunBitForBit) {
@@ -151,26 +172,7 @@ TEST(StepGraph, AReplayedRunIsTheEagerRunBitForBit) {
       EXPECT_FALSE(g.off) << what << ": " << g.summary;
       // 9 steps: 2 eager warm-up steps, the odd one eager, auto's first replay beside its check.
       EXPECT_EQ(g.replays, 7 - (c.odd_step ? 1 : 0)) << what << ": " << g.summary;
-      ASSERT_EQ(g.steps.size(), eager.steps.size());
-      for (size_t i = 0; i < eager.steps.size(); ++i) {
-        const auto &a = eager.steps[i], &b = g.steps[i];
-        EXPECT_EQ(a.applied, b.applied) << what << " step " << i + 1;
-        EXPECT_EQ(a.step, b.step) << what << " step " << i + 1;
-        EXPECT_TRUE(same(a.loss, b.loss))
-            << what << " step " << i + 1 << ": loss " << a.loss << " " << b.loss;
-        EXPECT_TRUE(same(a.accuracy, b.accuracy)) << what << " step " << i + 1;
-        EXPECT_TRUE(same(a.grad_norm, b.grad_norm))
-            << what << " step " << i + 1 << ": norm " << a.grad_norm << " " << b.grad_norm;
-        EXPECT_EQ(a.scale, b.scale) << what << " step " << i + 1;
-        EXPECT_EQ(a.samples, b.samples) << what << " step " << i + 1;
-      }
-      static const char* const kState[] = {"parameters", "16-bit copy", "gradients", "statistics"};
-      ASSERT_EQ(g.state.size(), eager.state.size());
-      for (size_t i = 0; i < eager.state.size(); ++i)
-        EXPECT_TRUE(g.state[i] == eager.state[i])
-            << what << ": "
-            << (i < 4 ? kState[i] : ("optimizer state " + std::to_string(i - 4)).c_str())
-            << " differ";
+      expect_same_run(eager, g, what);
       std::printf("  %s: %s\n", what.c_str(), g.summary.c_str());
     }
   }
@@ -255,18 +257,8 @@ TEST(StepGraph, PeersReplayTheirCollectivesAndAreEagerPeersBitForBit) {
       for (size_t r = 0; r < 2; ++r) {
         EXPECT_FALSE(g[r].off) << what << " replica " << r << ": " << g[r].summary;
         EXPECT_EQ(g[r].replays, 7) << what << " replica " << r << ": " << g[r].summary;
-        ASSERT_EQ(g[r].steps.size(), eager[r].steps.size());
-        for (size_t i = 0; i < eager[r].steps.size(); ++i) {
-          const auto &a = eager[r].steps[i], &b = g[r].steps[i];
-          EXPECT_EQ(a.applied, b.applied) << what << " replica " << r << " step " << i + 1;
-          EXPECT_TRUE(same(a.loss, b.loss)) << what << " replica " << r << " step " << i + 1;
-          EXPECT_TRUE(same(a.grad_norm, b.grad_norm)) << what << " replica " << r << " step " << i + 1;
-          EXPECT_EQ(a.scale, b.scale) << what << " replica " << r << " step " << i + 1;
-          EXPECT_EQ(a.samples, 16 * c.accumulation) << what << ": both replicas' samples";
-        }
-        ASSERT_EQ(g[r].state.size(), eager[r].state.size());
-        for (size_t i = 0; i < eager[r].state.size(); ++i)
-          EXPECT_TRUE(g[r].state[i] == eager[r].state[i]) << what << " replica " << r << ": state " << i << " differs";
+        for (const auto& st : g[r].steps) EXPECT_EQ(st.samples, 16 * c.accumulation) << what << ": both replicas' samples";
+        expect_same_run(eager[r], g[r], what + " replica " + std::to_string(r));
       }
       std::printf("  %s: %s\n", what.c_str(), g[0].summary.c_str());
     }
