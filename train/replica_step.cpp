@@ -83,7 +83,8 @@ std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica&
   }
   if (o.shard.sharded()) return "parallel.shard";
   if (o.timeline) return "--trace (it waits on the host inside the step)";
-  if (o.fault) return "REPLICA_FAULT";
+  if (o.fault && (o.fault_site == "bucket" || (o.fault_site == "optimizer" && replica.world() == 1)))
+    return "REPLICA_FAULT at " + o.fault_site + " (inside the captured step, whose host hooks run only when it is captured)";
   return "";
 }
 

@@ -76,6 +76,10 @@ struct StepOptions {
   // REPLICA_FAULT's hook (train/recovery.h): called at "bucket" (the last micro-step's backward,
   // once a gradient bucket was sent) and "optimizer" (after the step's collectives); may throw.
   std::function<void(const char* where)> fault;
+  // Where the planned fault strikes (REPLICA_FAULT's WHERE): a site inside the captured step (a
+  // bucket; the update, which a replica alone in its job captures) runs its host hook only when
+  // the step is captured, not on its replays, so train.cuda_graph cannot serve it.
+  std::string fault_site;
   Timeline* timeline = nullptr;  // `--trace`: slices for forward, backward, all-reduces, optimizer
   // train.cuda_graph: "off", "on" (the whole step captured as a CUDA graph after a warm-up and
   // replayed: micro_step() then copies its micro-batch into the graph's inputs and apply() runs
@@ -88,7 +92,7 @@ struct StepOptions {
 };
 
 // Why train.cuda_graph cannot serve this replica's step ("" when it can): unsharded, without a
-// trace or a fault hook; with peers, collectives a graph can hold (NCCL's, or a CPU replica's
+// trace or a fault planned inside the captured step; with peers, collectives a graph can hold (NCCL's, or a CPU replica's
 // recorded ones; not collectives staged through the host), and on GPUs `on` only: `auto` keeps
 // several GPUs eager until a multi-GPU run has checked the captured collectives. (The trainer
 // adds: a GPU replica, unless it records CPU steps.)

@@ -262,7 +262,10 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
   so.timeline = timeline_.get();
   so.shard = shard;
-  if (fault_) so.fault = [this, &rep](const char* where) { fault_point(rep, where); };
+  if (fault_) {
+    so.fault = [this, &rep](const char* where) { fault_point(rep, where); };
+    so.fault_site = fault_->where;
+  }
   so.deterministic = resolve_deterministic(cfg_.train);
   // train.cuda_graph: on where it cannot serve is an error (ReplicaStep says why); auto stays eager.
   so.cuda_graph = cfg_.train.cuda_graph;
