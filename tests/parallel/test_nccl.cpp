@@ -6,6 +6,7 @@
 // only with two or more GPUs, and the tests say which checks need them.
 #include <gtest/gtest.h>
 
+#include "core/captured_work.h"
 #include "core/tensor.h"
 #include "parallel/nccl/nccl_communicator.h"
 #include "parallel/replica_group.h"
@@ -150,6 +151,51 @@ TEST_F(Nccl, SixteenBitReductionsAndGatherScatterContents) {
     rep.comm().reduce_scatter(b.raw(), out.raw(), n, DType::f32, ReduceOp::sum);
     EXPECT_EQ(count_wrong(down(rep, out), [&](size_t j) { return world * (r + j); }, &first), 0)
         << "rank " << r << " receives the sum of block " << r << "; first wrong at " << first;
+  });
+}
+
+// train.cuda_graph with peers captures NCCL's collectives with the step: the communicator's calls
+// on its own stream join a capture of the compute stream through the events it records (begin,
+// order_before) and become nodes of the graph. On every visible GPU (one: a rank of one, whose
+// all-gather is a copy and whose all-reduce the identity; two or more: sums across ranks): an
+// all-gather and an all-reduce captured once, after an eager warm-up as the trainer's, replay over
+// new inputs with what the eager calls give; Communicator::stream_work after a replay waits for
+// it (the step's read polls it in place of the capture's handles).
+TEST_F(Nccl, CollectivesCapturedInACudaGraphReplayOverNewInputs) {
+  ReplicaGroup group(parse_devices("cuda"), small_pools());
+  const int world = group.world();
+  group.run([&](Replica& rep) {
+    const int r = rep.rank();
+    const size_t n = 1001;
+    Tensor send = up(rep, std::vector<float>(n, 0.f), DType::f32);
+    Tensor sum = up(rep, std::vector<float>(n, 0.f), DType::f32);
+    Tensor all = Tensor::empty(rep.pool(), {static_cast<int64_t>(n) * world}, DType::f32, MemTag::comm);
+    rep.comm().all_gather(send.raw(), all.raw(), n, DType::f32);  // NCCL sets itself up eagerly first
+    rep.comm().all_reduce(sum.raw(), n, DType::f32, ReduceOp::sum);
+    auto graph = capture_work(rep.device(), rep.pool());
+    graph->begin(rep.stream());
+    rep.comm().all_gather_async(send.raw(), all.raw(), n, DType::f32)->order_before(rep.stream());
+    rep.comm().all_reduce_async(sum.raw(), n, DType::f32, ReduceOp::sum)->order_before(rep.stream());
+    graph->end();
+    for (int replay = 1; replay <= 2; ++replay) {
+      std::vector<float> mine(n), add(n);
+      for (size_t i = 0; i < n; ++i) {
+        mine[i] = static_cast<float>((r + 1) * replay + i % 3);
+        add[i] = static_cast<float>(r + replay + i % 5);
+      }
+      tensor_from_bytes(send, mine.data(), n * sizeof(float));
+      tensor_from_bytes(sum, add.data(), n * sizeof(float));
+      graph->launch(rep.stream());
+      rep.comm().stream_work(rep.stream(), "the replayed collectives")->wait();
+      size_t first = 0;
+      EXPECT_EQ(count_wrong(down(rep, all), [&](size_t i) { return (i / n + 1) * replay + (i % n) % 3; }, &first), 0)
+          << "replay " << replay << ": all-gather, first wrong at " << first;
+      EXPECT_EQ(count_wrong(down(rep, sum),
+                            [&](size_t i) { return world * (replay + i % 5) + world * (world - 1) / 2; }, &first),
+                0)
+          << "replay " << replay << ": all-reduce, first wrong at " << first;
+    }
+    if (r == 0) std::printf("  %d rank(s): the captured graph holds %zu nodes\n", world, graph->nodes());
   });
 }
 
