@@ -81,7 +81,11 @@ std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica&
       return "more than one GPU: no multi-GPU run has checked the captured NCCL collectives yet; "
              "train.cuda_graph: on captures them";
   }
-  if (o.shard.sharded()) return "parallel.shard";
+  // ZeRO-1 (optimizer) reduces whole buckets as unsharded; its update and gather follow the
+  // step's read with peers. ZeRO-2 hands a bucket's storage back when the host sees its
+  // collective done, inside backward: no graph holds that.
+  if (o.shard.mode == parallel::ShardMode::gradients)
+    return "parallel.shard: gradients (buckets are released as the host sees their collectives end)";
   if (o.timeline) return "--trace (it waits on the host inside the step)";
   if (o.fault && (o.fault_site == "bucket" || (o.fault_site == "optimizer" && replica.world() == 1)))
     return "REPLICA_FAULT at " + o.fault_site + " (inside the captured step, whose host hooks run only when it is captured)";

@@ -91,8 +91,8 @@ struct StepOptions {
   bool deterministic = false;  // train.deterministic in force: auto's check is then bit for bit
 };
 
-// Why train.cuda_graph cannot serve this replica's step ("" when it can): unsharded, without a
-// trace or a fault planned inside the captured step; with peers, collectives a graph can hold (NCCL's, or a CPU replica's
+// Why train.cuda_graph cannot serve this replica's step ("" when it can): unsharded or ZeRO-1
+// (parallel.shard: optimizer), without a trace or a fault planned inside the captured step; with peers, collectives a graph can hold (NCCL's, or a CPU replica's
 // recorded ones; not collectives staged through the host), and on GPUs `on` only: `auto` keeps
 // several GPUs eager until a multi-GPU run has checked the captured collectives. (The trainer
 // adds: a GPU replica, unless it records CPU steps.)

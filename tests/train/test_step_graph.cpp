@@ -494,7 +494,7 @@ struct TrainerRun {
 
 TrainerRun train_run(const std::string& precision, const std::string& graph, int64_t steps,
                      const std::string& dir, const std::string& resume = "",
-                     const std::string& devices = "cpu:1") {
+                     const std::string& devices = "cpu:1", const std::vector<std::string>& extra = {}) {
   // ResNet-20 on synthetic 8x8x3 images, 4 steps an epoch: evaluation and a checkpoint after
   // each epoch run between graphed steps.
   std::vector<std::string> sets = {"model.arch=resnet20",
@@ -521,6 +521,7 @@ TrainerRun train_run(const std::string& precision, const std::string& graph, int
     for (const char* k : {"train.loss_scale=dynamic", "train.loss_scale_init=1048576",
                           "train.loss_scale_growth_interval=2"})
       sets.push_back(k);
+  sets.insert(sets.end(), extra.begin(), extra.end());
   auto cfg = train::parse_config("", "test", sets);
   if (resume.empty()) std::filesystem::remove_all(cfg.train.run_dir);
   train::Trainer t(
@@ -583,13 +584,18 @@ TEST(StepGraph, TrainerRunsWithGraphsAreEagerRunsByteForByte) {
 // with evaluation and checkpoints between them, fp32 with two micro-steps and fp16 with a dynamic
 // scale, byte-identical to the eager two-replica run.
 TEST(StepGraph, TrainerRunsOnTwoReplicasWithGraphsAreEagerRunsByteForByte) {
-  for (const std::string p : {"fp32", "fp16"}) {
-    const TrainerRun eager = train_run(p, "off", 8, p + "_peers_off", "", "cpu:2");
-    for (const std::string mode : {"on", "auto"}) {
-      const TrainerRun g = train_run(p, mode, 8, p + "_peers_" + mode, "", "cpu:2");
-      EXPECT_EQ(g.replays, 6) << p << " " << mode << ": " << g.summary;
-      replica::testing::expect_bit_identical(eager, g, p + " on 2 replicas, train.cuda_graph=" + mode + " against off");
-      std::printf("  %s on 2 replicas, train.cuda_graph=%s: %s\n", p.c_str(), mode.c_str(), g.summary.c_str());
+  for (const std::string p : {"fp32", "fp16"})
+    for (const std::string shard : {"none", "optimizer"}) {
+      // ZeRO-1: the optimizer's state and (fp16) the f32 masters sharded, the parameters gathered
+      // after the update, which follows the step's read.
+      const std::string tag = p + " on 2 replicas, parallel.shard=" + shard;
+      const std::vector<std::string> extra = {"parallel.shard=" + shard};
+      const TrainerRun eager = train_run(p, "off", 8, p + "_peers_" + shard + "_off", "", "cpu:2", extra);
+      for (const std::string mode : {"on", "auto"}) {
+        const TrainerRun g = train_run(p, mode, 8, p + "_peers_" + shard + "_" + mode, "", "cpu:2", extra);
+        EXPECT_EQ(g.replays, 6) << tag << " " << mode << ": " << g.summary;
+        replica::testing::expect_bit_identical(eager, g, tag + ", train.cuda_graph=" + mode + " against off");
+        std::printf("  %s, train.cuda_graph=%s: %s\n", tag.c_str(), mode.c_str(), g.summary.c_str());
+      }
     }
-  }
 }
