@@ -108,6 +108,14 @@ class GradientSync {
   // True once the bucket layout is final: no re-cut pending or waiting for an observed order. A
   // re-cut broadcasts rank 0's order on the host, which a captured step cannot hold.
   bool settled() const { return !rebuild_pending_ && (rebuild_done_ || !o_.rebuild || comm_.size() == 1); }
+  // Ends the watch for a readiness order (a pass in which some slot got no gradient shows none,
+  // and the watch goes on): the buckets stay as they are cut. Every rank must call it at the same
+  // pass, as every rank sees the same slots.
+  void keep_layout() {
+    rebuild_pending_ = false;
+    rebuild_done_ = true;
+    observed_.clear();
+  }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int launched_during_backward() const { return launched_early_; }

@@ -105,7 +105,10 @@ Tensor ReplicaStep::owned_grads() const {
 }
 
 void ReplicaStep::zero_grad() {
-  // The buckets' first re-cut (a host broadcast) runs in an eager step, before any capture.
+  // The buckets' first re-cut (a host broadcast) runs in an eager step, before any capture. A
+  // model whose passes never report every slot shows no order to re-cut by: after a few steps the
+  // layout stays as it is (on every replica at the same step), so graphs are not held off for good.
+  if (graph_ && !sync_->settled() && ++unsettled_steps_ > StepGraph::kWarmupSteps + 2) sync_->keep_layout();
   deferred_ = graph_ && graph_->begin_step(sync_->settled());
   count_ = 0;
   micro_seen_ = 0;

@@ -203,6 +203,7 @@ class ReplicaStep {
   static constexpr int kMarkedSteps = 64;
   int marked_steps_ = 0;
   int64_t steps_seen_ = 0;
+  int unsettled_steps_ = 0;  // steps train.cuda_graph waited for the buckets' layout to settle
   std::array<size_t, kNumTags> baseline_{};
   std::string leak_report_;
   PhaseSeconds phases_;

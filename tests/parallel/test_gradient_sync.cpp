@@ -258,6 +258,47 @@ TEST(GradientSync, BucketsAreRebuiltFromTheObservedReadinessOrder) {
   }
 }
 
+// train.cuda_graph captures a step only once the bucket layout is final (a re-cut broadcasts on
+// the host): settled after the re-cut that follows the first full pass; where no pass reports
+// every slot there is no order to re-cut by, and keep_layout() ends the watch with the buckets
+// as they are (no re-cut, no broadcast), the averages unchanged.
+TEST(GradientSync, TheLayoutSettlesAfterTheRecutOrWhenKeptAsItIs) {
+  for (const bool every_slot : {true, false}) {
+    auto comms = make_host_communicators(2);
+    std::vector<std::thread> ts;
+    std::vector<std::vector<int>> settled(2);
+    std::vector<int> rebuilds(2, -1);
+    std::vector<int64_t> wrong(2);
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        auto pool = make_pool({DeviceKind::cpu, r}, PoolOptions{});
+        std::vector<int64_t> offs{0, 1000, 2000, 3000};
+        Tensor g = Tensor::zeros(*pool, {4000}, DType::f32, MemTag::grads);
+        GradientSync gs(offs, g, *comms[r], {.bucket_mb = 0.0076, .first_bucket_mb = 0.0076});
+        for (int pass = 0; pass < 3; ++pass) {
+          settled[r].push_back(gs.settled());
+          for (int64_t i = 0; i < 4000; ++i) g.data<float>()[i] = static_cast<float>(i % 7 + r);
+          gs.begin(true);
+          for (int s : every_slot ? std::vector<int>{3, 1, 2, 0} : std::vector<int>{3, 2}) gs.ready(s, 1);
+          gs.finish();
+          if (!every_slot && pass == 1) gs.keep_layout();
+        }
+        settled[r].push_back(gs.settled());
+        rebuilds[r] = gs.rebuilds();
+        for (int64_t i = 0; i < 4000; ++i) wrong[r] += g.data<float>()[i] != static_cast<float>(i % 7) + 0.5f;
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(std::string(every_slot ? "every slot reported" : "slots 0 and 1 never reported") + ", rank " +
+                   std::to_string(r));
+      // Before each of the 3 passes, and after them: settled from the third pass either way.
+      EXPECT_EQ(settled[r], (std::vector<int>{0, 0, 1, 1}));
+      EXPECT_EQ(rebuilds[r], every_slot ? 1 : 0) << "slots 3, 1 | 2, 0: a re-cut; kept: none";
+      EXPECT_EQ(wrong[r], 0);
+    }
+  }
+}
+
 TEST(GradientSync, RebuildCanBeTurnedOff) {
   auto comms = make_host_communicators(2);
   std::vector<std::thread> ts;
