@@ -59,11 +59,13 @@ if [ "$mode" = "--test" ]; then
       -E "^(MixedPrecision.Fp16AndBf16TrackFp32OnFashionMnist|Cli.TrainsAndTheLossFallsThenEvaluates)$"
   phase "fuzz: every reader, 20000 executions each" tests/fuzz/run.sh 20000
   # Thread sanitizer on the code with threads in it: the host communicator, gradient sync,
-  # replica groups (test_parallel), the multi-worker loader (test_data) and the pool's lock (test_core).
+  # replica groups (test_parallel), the multi-worker loader (test_data), the pool's lock (test_core)
+  # and the trainer's replica threads with their collectives recorded and replayed (test_step_graph's
+  # peer tests).
   phase "tsan: configure" cmake --preset tsan
-  phase "tsan: build" cmake --build build-tsan -j "$jobs" --target test_parallel test_data test_core
-  phase "tsan: communicator, gradient sync, replica group, loader, pool lock" env TSAN_OPTIONS=halt_on_error=1 \
-    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|CommClique|AllReduce|Sizes/AllReduce|Sharding|Loader|Readers|SpinLock|MemoryPool.Concurrent|ShardedCollectives|Kinds/ShardedCollectives|ShardPlan)"
+  phase "tsan: build" cmake --build build-tsan -j "$jobs" --target test_parallel test_data test_core test_step_graph
+  phase "tsan: communicator, gradient sync, replica group, loader, pool lock, replayed peers" env TSAN_OPTIONS=halt_on_error=1 \
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|CommClique|AllReduce|Sizes/AllReduce|Sharding|Loader|Readers|SpinLock|MemoryPool.Concurrent|ShardedCollectives|Kinds/ShardedCollectives|ShardPlan|StepGraph.Peers|StepGraph.TrainerRunsOnTwoReplicas)"
 elif [ "$mode" = "--run" ]; then
   cmake --preset default
   cmake --build build -j "$jobs" --target replica

@@ -270,10 +270,12 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   // train.cuda_graph: on where it cannot serve is an error (ReplicaStep says why); auto stays eager.
   so.cuda_graph = cfg_.train.cuda_graph;
   if (so.cuda_graph == "auto") {
-    cuda_graph_note_ = rep.device().kind != DeviceKind::cuda && !opts_.record_cpu_steps
-                           ? "CUDA graphs need a GPU replica"
-                           : cuda_graph_ineligible(so, rep);
-    if (!cuda_graph_note_.empty()) so.cuda_graph = "off";
+    const std::string note = rep.device().kind != DeviceKind::cuda && !opts_.record_cpu_steps
+                                 ? "CUDA graphs need a GPU replica"
+                                 : cuda_graph_ineligible(so, rep);
+    if (!note.empty()) so.cuda_graph = "off";
+    // Every replica thread runs this at once: the first one's reason is the run's (they agree).
+    if (rep.local_index() == 0) cuda_graph_note_ = note;
   }
   st.step = std::make_unique<ReplicaStep>(rep, *st.model, *st.opt, so);
   st.staging = make_staging_pool(rep.device());
