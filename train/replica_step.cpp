@@ -223,33 +223,7 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
     }
   } settle{opt_};
   double queued = 0;  // the host's time queueing the update: the optimizer's share, not the wait's
-  replayed_.reset();
-  replayed_lane_.reset();
-  if (deferred_) {
-    // With peers the update stays out of the graph: it follows the host's read, as eagerly.
-    const int64_t replays = graph_->replays();
-    graph_->run([&](MemoryPool& pool, const StepGraph::Inputs& in) {
-      zero_on_device();
-      for (size_t k = 0; k < in.size(); ++k)
-        run_pass(pool, in[k].first, in[k].second, static_cast<int>(k) == o_.accumulation - 1);
-      finish_gradients();
-      queue_step_scalars();
-      if (update_first) queue_update(lr);
-    });
-    if (update_first && !opt_.pending()) opt_.replayed(lr);  // only the graph ran: its update is this step's
-    if (graph_->replays() > replays && rep_.world() > 1) {
-      // The graph ran last: the handles its capture made name no run of it.
-      metrics_.reset();
-      partials_work_.reset();
-      sync_->forget_work();
-      replayed_ = rep_.comm().stream_work(rep_.stream(), "collectives of the replayed step");
-      if (rep_.has_lane())
-        replayed_lane_ = rep_.lane().stream_work(rep_.stream(), "sync-BN collectives of the replayed step");
-    }
-  } else {
-    finish_gradients();
-    queue_step_scalars();
-  }
+  queue_step(lr, update_first);
   if (update_first && !deferred_) {
     const auto q0 = std::chrono::steady_clock::now();
     queue_update(lr);
@@ -267,27 +241,8 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
     std::chrono::steady_clock::time_point t;
     ~OptimizerTime() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); }
   } optimizer_time{phases_.optimizer, t1};
-  if (host[kBadLabel] > 0)  // every replica saw the sum: all of them stop here together
-    throw ShapeError("softmax_cross_entropy: " + std::to_string(static_cast<int64_t>(host[kBadLabel])) +
-                     " micro-batch(es) of step " + std::to_string(opt_.steps() + 1) +
-                     " hold a label outside [0, " + std::to_string(model_.classes()) +
-                     "): the data has more classes than model.num_classes");
-  StepStatus st;
-  st.stop = host[kStop] > 0;
-  st.samples = static_cast<int64_t>(host[kCount]);
-  st.loss = host[kLoss] / host[kCount];
-  st.accuracy = host[kCorrect] / host[kCount];
-  st.lr = lr;
-  st.step = opt_.steps() + 1;
-  st.scale = scale;
-  // Every replica holds the same reduced loss and the same reduced gradients, so every replica
-  // reaches the same verdict here and stops, skips or steps together; the device reached it too.
-  const bool finite = host[kNonFinite] == 0.f;
-  const bool sound = finite && std::isfinite(st.loss);
-  if ((host[kApply] != 0.f) != sound)
-    throw Error("ReplicaStep: the device's verdict on step " + std::to_string(st.step) + " (apply " +
-                std::to_string(host[kApply]) + ") is not the host's (" + (sound ? "apply" : "skip") +
-                "): a bug in Backend::step_gate");
+  bool sound = false;  // finite gradients and loss: the step applies
+  StepStatus st = status_from(host, lr, scale, sound);
   if (o_.scaler) {
     if (!o_.scaler->update(sound, st.step)) {
       st.applied = false;
@@ -307,6 +262,65 @@ StepStatus ReplicaStep::apply(float lr, bool stop_requested) {
   settle.applied = true;
   check_leaks();
   if (o_.timeline) trace_pool_peaks();
+  return st;
+}
+
+// The step's device work up to its scalars: queued eagerly, or (a deferred step) one replay of
+// the captured step, which alone in the job holds the update too; with peers the update stays out
+// of the graph and follows the host's read, as eagerly.
+void ReplicaStep::queue_step(float lr, bool update_first) {
+  replayed_.reset();
+  replayed_lane_.reset();
+  if (!deferred_) {
+    finish_gradients();
+    queue_step_scalars();
+    return;
+  }
+  const int64_t replays = graph_->replays();
+  graph_->run([&](MemoryPool& pool, const StepGraph::Inputs& in) {
+    zero_on_device();
+    for (size_t k = 0; k < in.size(); ++k)
+      run_pass(pool, in[k].first, in[k].second, static_cast<int>(k) == o_.accumulation - 1);
+    finish_gradients();
+    queue_step_scalars();
+    if (update_first) queue_update(lr);
+  });
+  if (update_first && !opt_.pending()) opt_.replayed(lr);  // only the graph ran: its update is this step's
+  if (graph_->replays() > replays && rep_.world() > 1) {
+    // The graph ran last: the handles its capture made name no run of it.
+    metrics_.reset();
+    partials_work_.reset();
+    sync_->forget_work();
+    replayed_ = rep_.comm().stream_work(rep_.stream(), "collectives of the replayed step");
+    if (rep_.has_lane())
+      replayed_lane_ = rep_.lane().stream_work(rep_.stream(), "sync-BN collectives of the replayed step");
+  }
+}
+
+// The step's scalars as read on the host, and whether the step is `sound` (finite gradients and
+// loss). Labels beyond the model's classes end the run (every
+// replica saw the sum: all of them stop here together), and so does a device verdict that is not
+// the host's: every replica holds the same reduced loss and gradients, so every replica reaches
+// the same verdict and stops, skips or steps together, and the device reached it too.
+StepStatus ReplicaStep::status_from(const float* host, float lr, float scale, bool& sound) const {
+  if (host[kBadLabel] > 0)
+    throw ShapeError("softmax_cross_entropy: " + std::to_string(static_cast<int64_t>(host[kBadLabel])) +
+                     " micro-batch(es) of step " + std::to_string(opt_.steps() + 1) +
+                     " hold a label outside [0, " + std::to_string(model_.classes()) +
+                     "): the data has more classes than model.num_classes");
+  StepStatus st;
+  st.stop = host[kStop] > 0;
+  st.samples = static_cast<int64_t>(host[kCount]);
+  st.loss = host[kLoss] / host[kCount];
+  st.accuracy = host[kCorrect] / host[kCount];
+  st.lr = lr;
+  st.step = opt_.steps() + 1;
+  st.scale = scale;
+  sound = host[kNonFinite] == 0.f && std::isfinite(st.loss);
+  if ((host[kApply] != 0.f) != sound)
+    throw Error("ReplicaStep: the device's verdict on step " + std::to_string(st.step) + " (apply " +
+                std::to_string(host[kApply]) + ") is not the host's (" + (sound ? "apply" : "skip") +
+                "): a bug in Backend::step_gate");
   return st;
 }
 

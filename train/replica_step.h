@@ -92,10 +92,11 @@ struct StepOptions {
 };
 
 // Why train.cuda_graph cannot serve this replica's step ("" when it can): unsharded or ZeRO-1
-// (parallel.shard: optimizer), without a trace or a fault planned inside the captured step; with peers, collectives a graph can hold (NCCL's, or a CPU replica's
-// recorded ones; not collectives staged through the host), and on GPUs `on` only: `auto` keeps
-// several GPUs eager until a multi-GPU run has checked the captured collectives. (The trainer
-// adds: a GPU replica, unless it records CPU steps.)
+// (parallel.shard: optimizer), without a trace or a fault planned inside the captured step; with
+// peers, collectives a graph can hold (NCCL's, or a CPU replica's recorded ones; not collectives
+// staged through the host), and on GPUs `on` only: `auto` keeps several GPUs eager until a
+// multi-GPU run has checked the captured collectives. (The trainer adds: a GPU replica, unless it
+// records CPU steps.)
 std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica& replica);
 
 // Where one replica's step time went, summed over the run (the run report splits wall time by it).
@@ -145,8 +146,11 @@ class ReplicaStep {
   StepOptions o_;
   std::unique_ptr<parallel::GradientSync> sync_;
   void check_leaks();
-  // apply()'s steps: wait for (or order after) the gradient buckets; the one host read; the
-  // sharded update's all-gather of the parameters.
+  // apply()'s steps: the step's device work (eager or one replay); wait for (or order after) the
+  // gradient buckets; the one host read and what it says; the sharded update's all-gather of the
+  // parameters.
+  void queue_step(float lr, bool update_first);
+  StepStatus status_from(const float* host, float lr, float scale, bool& sound) const;
   void finish_gradients();
   void queue_step_scalars();
   // The step's device work in pieces, the same eagerly and inside a captured step: zeroing the

@@ -110,7 +110,7 @@ bool StepGraph::stage(int k, const Tensor& images, const Tensor& labels) {
 std::string StepGraph::agree(const std::string& mine, const char* what) {
   if (rep_.world() == 1) return mine;
   const float failed = mine.empty() ? 0.f : 1.f;
-  const std::vector<float> all = rep_.all_gather(&failed, 1);
+  const std::vector<float> all = rep_.all_gather(&failed, 1);  // every replica, whatever it found
   if (!mine.empty()) return mine;
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r] != 0.f) return "replica " + std::to_string(r) + " " + what;
@@ -243,16 +243,17 @@ bool StepGraph::check(const Body& body) {
   std::string diff;
   for (size_t i = 0; i < live.size(); ++i)
     diff += compare(name(i), live[i].dtype(), eager[i], tensor_to_bytes(live[i]), deterministic_);
-  if (!diff.empty()) diff = diff.substr(0, diff.size() - 2);
-  diff = agree(diff, "found that its first replay differs from an eager step from the same state");
-  if (diff.empty()) {
+  const std::string why = agree(
+      diff.empty() ? "" : "the first replay differs from an eager step from the same state (" +
+                              diff.substr(0, diff.size() - 2) + ")",
+      "found that its first replay differs from an eager step from the same state");
+  if (why.empty()) {
     log_info("train.cuda_graph: the first replay matches an eager step from the same state (",
              deterministic_ ? "bit for bit" : "within 1e-3", ")");
     return true;
   }
   restore(eager);  // the eager step stands (on every replica: their eager steps reduced together)
-  turn_off(diff.rfind("replica ", 0) == 0 ? diff
-                                          : "the first replay differs from an eager step from the same state (" + diff + ")");
+  turn_off(why);
   return true;
 }
 
