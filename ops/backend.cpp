@@ -1,10 +1,8 @@
-// Geometry validation shared by every backend, and the run-time choice of backend.
+// Geometry and argument validation shared by every backend, and the host-sync counter. The
+// interface names no backend: the run-time choice is ops/backend_choice.cpp, a floor above them.
 #include "ops/backend.h"
 
 #include "core/errors.h"
-#include "ops/cpu/isa.h"
-#include "ops/cuda/cuda_backend.h"
-#include "ops/recording_backend.h"
 
 namespace replica::ops {
 
@@ -102,15 +100,6 @@ PoolGeom PoolGeom::make(const Shape& x, int64_t window, int64_t stride, int64_t 
   g.Q = (g.W + 2 * pad - window) / stride + 1;
   if (g.P < 1 || g.Q < 1) throw ShapeError(who + ": input " + x.str() + " is smaller than the window");
   return g;
-}
-
-Backend& backend_for(const Device& d) {
-  if (d.kind == DeviceKind::cpu) {
-    // The kernels chosen once (ops/cpu/isa.h), behind the recorder a captured step needs.
-    static RecordingBackend cpu(cpu_kernel_variant().backend());
-    return cpu;
-  }
-  return cuda_backend();
 }
 
 }  // namespace replica::ops

@@ -273,8 +273,8 @@ class Backend {
 // step_gate's scalars: f32, every index inside them; a ShapeError otherwise.
 void check_step_gate_at(const Tensor& stats, const Backend::StepGateAt& at);
 
-// The backend for a device (one shared instance per kind). Throws on a CUDA device when CUDA is
-// not built.
+// The backend for a device (one shared instance per kind; defined in backend_choice.cpp, a floor
+// above the implementations). Throws on a CUDA device when CUDA is not built.
 Backend& backend_for(const Device& d);
 
 }  // namespace replica::ops

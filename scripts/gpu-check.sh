@@ -246,7 +246,7 @@ for dt in bf16 fp16; do
                 else printf ", cuDNN Ex not timed (its answer is in the kernels log)"}' "/tmp/phase-kernels-$dt.log")
   table+=("| residual join $dt, forward + backward summed over the shapes: $j | | | |")
 done
-# Batch norm's sums with at most one wave of resident blocks (REPLICA_BN_SUM_GRID=wave, kernels.cu)
+# Batch norm's sums with at most one wave of resident blocks (REPLICA_BN_SUM_GRID=wave, ops/cuda/batch_norm.cu)
 # beside the default grid above: the same table, and the batch-norm conformance cases on that grid.
 REPLICA_BN_SUM_GRID=wave phase kernels-bf16-wave 90 "$bin/replica" bench kernels --kind cuda --dtype bf16
 table+=("| memory-bound ops bf16, batch norm sums in one wave: $(grep -m1 '^# slowest' /tmp/phase-kernels-bf16-wave.log | sed 's/^# //') | | | |")

@@ -1,7 +1,8 @@
-// Launchers for the hand-written CUDA kernels of the op backend (ops/cuda/kernels.cu). Tensors
-// travel as (pointer, dtype) pairs so one kernel serves f32, f16 and bf16 storage: every kernel
-// loads into f32, computes in f32 (reductions in double where the CPU backend uses double) and
-// rounds once on store, as the CPU backend does.
+// Launchers for the hand-written CUDA kernels of the op backend (ops/cuda/*.cu, a file per
+// concern: elementwise, reductions, optimizers, batch_norm, pooling_loss). Tensors travel as
+// (pointer, dtype) pairs so one kernel serves f32, f16 and bf16 storage: every kernel loads into
+// f32, computes in f32 (reductions in double where the CPU backend uses double) and rounds once on
+// store, as the CPU backend does.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -190,7 +190,7 @@ TEST_P(BackendConformance, Convolution) {
 TEST_P(BackendConformance, BatchNorm) {
   const DType dt = dtype();
   // 24 and 40 channels take the CUDA backend's scalar kernels, 16, 64, 256 and 2048 its 8-channel
-  // vector forms (kernels.cu: C / 8 divides the block), with few and many rows per block.
+  // vector forms (batch_norm.cu: C / 8 divides the block), with few and many rows per block.
   for (Shape sh : {Shape{4, 5, 3, 24}, Shape{8, 16, 16, 40}, Shape{4, 5, 3, 16}, Shape{8, 16, 16, 64},
                    Shape{32, 14, 14, 256}, Shape{3, 7, 7, 2048}}) {
     const int64_t C = sh[3];
@@ -305,7 +305,7 @@ TEST_P(BackendConformance, LargeShapesOnAnotherThreadAndStream) {
 }
 
 // A non-finite running mean (one fp16 overflow is enough) must not change training-mode outputs,
-// which normalise by the batch's own statistics, on either backend (kernels.cu, bn_shift).
+// which normalise by the batch's own statistics, on either backend (batch_norm.cu, bn_shift).
 TEST_P(BackendConformance, NonFiniteRunningMeanLeavesTrainingOutputs) {
   const DType dt = dtype();
   const Shape sh{8, 7, 7, 12};
@@ -1137,8 +1137,8 @@ TEST(CudaTraining, OneHostSyncPerOptimizerStep) {
   }
 }
 
-// Max pooling over more than 2^31 input elements: the kernels' 64-bit index path (kernels.cu
-// switches at 2^30). The input is constant except its last image, which is random; that image's
+// Max pooling over more than 2^31 input elements: the kernels' 64-bit index path
+// (pooling_loss.cu switches at 2^30). The input is constant except its last image, which is random; that image's
 // output, argmax and input gradient must equal the CPU's on that image alone.
 TEST(CudaTraining, MaxPoolPastTwoToThe31Elements) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
