@@ -1,7 +1,10 @@
-// Trainer implementation: set-up (data, devices, pools, models, batch arithmetic, schedule), the
-// per-replica fit loop, evaluation, progress and the run directory. Checkpoints are in
-// trainer_checkpoints.cpp, a lost replica's recovery in recovery.cpp.
+// Trainer implementation: set-up (data, devices, pools, models, batch arithmetic, schedule) and the
+// per-replica fit loop. Evaluation is in trainer_eval.cpp, the run directory, console lines and
+// report in trainer_output.cpp, checkpoints in trainer_checkpoints.cpp, a lost replica's recovery
+// in recovery.cpp.
 #include "train/trainer.h"
+
+#include "train/averaged_statistics.h"
 
 #include "train/weights_interop.h"
 
@@ -98,7 +101,6 @@ std::shared_ptr<data::Dataset> make_dataset(const DataConfig& d, const std::stri
   if (limit > 0 && limit < ds->size()) ds = std::make_shared<data::SubsetDataset>(ds, limit);
   return ds;
 }
-
 
 Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
   auto devices = parse_devices(cfg_.parallel.devices);
@@ -307,66 +309,6 @@ Trainer::~Trainer() {
   }
 }
 
-
-namespace {
-// Runs fn() with this replica's batch-norm running statistics replaced by their average over the
-// replicas (each saw its own shard; evaluation and the model file use the average, the same on
-// every replica), then puts the replica's own statistics back: evaluating or saving never
-// changes the training state, so a resumed run and a straight one stay byte-identical.
-template <class F>
-auto with_averaged_statistics(parallel::Replica& rep, nn::Model& model, F&& fn) {
-  Tensor& b = model.buffers();
-  if (rep.world() == 1) return fn();
-  const std::string own = tensor_to_bytes(b);
-  rep.pmean(b.data<float>(), static_cast<size_t>(b.numel()));
-  struct Restore {
-    const Tensor& b;
-    const std::string& own;
-    ~Restore() { tensor_from_bytes(b, own.data(), own.size()); }
-  } restore{b, own};
-  return fn();
-}
-}  // namespace
-
-EvalResult Trainer::evaluate_on(parallel::Replica& rep) {
-  auto& st = states_[rep.local_index()];
-  fault_point(rep, "eval");
-  return with_averaged_statistics(rep, *st.model, [&] { return evaluate_averaged(rep); });
-}
-
-EvalResult Trainer::evaluate_averaged(parallel::Replica& rep) {
-  auto& st = states_[rep.local_index()];
-  const int R = rep.world();
-  const int64_t eb = cfg_.train.eval_batch, N = test_->size();
-  const Shape s = test_->sample_shape();
-  double sums[3] = {0, 0, 0};
-  for (int64_t j = 0; j * eb * R < N; ++j) {
-    const int64_t lo = (j * R + rep.rank()) * eb, hi = std::min(N, lo + eb);
-    if (lo >= hi) continue;
-    std::vector<int64_t> idx;
-    for (int64_t i = lo; i < hi; ++i) idx.push_back(i);
-    Tensor x = Tensor::empty(st.input_pool(rep), {hi - lo, s[0], s[1], s[2]}, DType::f32, MemTag::data);
-    Tensor y = Tensor::empty(st.input_pool(rep), {hi - lo}, DType::i32, MemTag::data);
-    data::load_samples(*test_, idx, aug_, false, cfg_.train.seed, 0, x.data<float>(), y.data<int32_t>());
-    auto e = st.step->eval_batch(to_pool(x, rep.pool(), MemTag::data), to_pool(y, rep.pool(), MemTag::data));
-    sums[0] += e.loss_sum;
-    sums[1] += e.correct;
-    sums[2] += e.count;
-  }
-  float f[3] = {static_cast<float>(sums[0]), static_cast<float>(sums[1]), static_cast<float>(sums[2])};
-  if (R > 1) rep.psum(f, 3);
-  return {f[0] / f[2], f[1] / f[2], static_cast<int64_t>(f[2])};
-}
-
-EvalResult Trainer::evaluate() {
-  EvalResult r;
-  group_->run([&](parallel::Replica& rep) {
-    auto e = evaluate_on(rep);
-    if (rep.rank() == 0) r = e;
-  });
-  return r;
-}
-
 // ---- the fit loop ---------------------------------------------------------------------------
 //
 // fit() opens the run directory, runs fit_replica on every replica (pmap style) and reports;
@@ -403,41 +345,6 @@ FitResult Trainer::fit() {
   write_traces();
   print_end(result);
   return result;
-}
-
-// The run's summary (train/run_report.h): rank 0's phase times, this process's pools.
-RunReport Trainer::run_report(const FitLoop& loop) const {
-  RunReport r;
-  const auto& st = states_[0];
-  r.wall_s = loop.result.seconds;
-  r.steps = loop.result.steps;
-  for (const auto& h : loop.result.history) r.images += h.samples;
-  r.images_per_s = loop.result.images_per_second;
-  r.replicas = group_->world();
-  r.devices = cfg_.parallel.devices;
-  r.data_wait_s = st.loader->wait_seconds();
-  r.compute_s = st.step->phases().compute;
-  r.allreduce_wait_s = st.step->phases().allreduce_wait;
-  r.optimizer_s = st.step->phases().optimizer;
-  r.eval_s = loop.eval_seconds;
-  r.checkpoint_s = loop.checkpoint_seconds;
-  for (int i = 0; i < group_->size(); ++i) {
-    const auto s = group_->replica(i).pool().stats();
-    r.peak_mib.push_back(s.peak_in_use / 1048576.0);
-    r.capacity_mib.push_back(s.capacity / 1048576.0);
-  }
-  for (const auto& s : states_) r.pressure_steps = std::max(r.pressure_steps, s.pressure.steps_above());
-  r.cost_per_device_hour = cfg_.run.cost_per_device_hour;
-  const auto tags = group_->replica(0).pool().stats().tags;
-  auto mib = [&](MemTag t) { return tags[static_cast<int>(t)].peak_in_use / 1048576.0; };
-  r.shard = cfg_.parallel.shard;
-  r.params_mib = mib(MemTag::params);
-  r.grads_mib = mib(MemTag::grads);
-  r.optimizer_mib = mib(MemTag::optimizer);
-  r.params_kept_mib = tags[static_cast<int>(MemTag::params)].in_use / 1048576.0;
-  r.grads_kept_mib = tags[static_cast<int>(MemTag::grads)].in_use / 1048576.0;
-  r.events = events_;
-  return r;
 }
 
 void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
@@ -557,151 +464,6 @@ StepStatus Trainer::train_step(parallel::Replica& rep, int64_t global_step, bool
                                                   rep.pool().options().bytes ? "memory.bytes" : "memory.fraction");
   if (!warning.empty()) log_warn(warning);
   return status;
-}
-
-StepRecord Trainer::step_record(parallel::Replica& rep, const StepWindow& window, const StepStatus& last,
-                                int64_t step, int64_t epoch) {
-  auto& st = states_[rep.local_index()];
-  StepRecord r = window.record(last);
-  r.step = step;
-  r.total_steps = total_steps_;
-  r.epoch = epoch + 1;
-  r.epochs = (total_steps_ + sharding_->steps_per_epoch() - 1) / sharding_->steps_per_epoch();
-  r.has_scaler = st.scaler != nullptr;
-  r.skipped = st.scaler ? st.scaler->skipped() : 0;
-  r.data_wait_s = st.loader->wait_seconds();
-  const auto ps = rep.pool().stats();
-  r.pool_in_use_replica0_mib = ps.in_use / 1048576.0;
-  r.pool_peak_replica0_mib = ps.peak_in_use / 1048576.0;
-  for (int i = 0; i < group_->size(); ++i) {  // this process's replicas (all, unless the run spans processes)
-    const auto s = group_->replica(i).pool().stats();
-    r.pool_in_use_mib.push_back(s.in_use / 1048576.0);
-    r.pool_peak_mib.push_back(s.peak_in_use / 1048576.0);
-  }
-  return r;
-}
-
-std::unique_ptr<DirectoryLock> Trainer::open_run_directory(MetricsSinks& sinks) {
-  const std::string& run_dir = cfg_.train.run_dir;
-  std::filesystem::create_directories(run_dir);
-  // One writer per run directory: a second `replica train` on it is refused, naming this PID.
-  auto lock = std::make_unique<DirectoryLock>(run_dir, "a replica train writing this run directory");
-  // Temporaries of a writer killed mid-write (write_file_atomic) are removed, not left to pile up.
-  for (const std::string& dir : {run_dir, checkpoint_dir()})
-    for (const std::string& f : remove_stale_temporaries(dir)) log_info("removed ", f, " (left by a killed writer)");
-  write_file_atomic(run_dir + "/config.yaml", cfg_.resolved);
-  if (!class_list_.empty()) write_file_atomic(run_dir + "/classes.txt", class_list_);  // label i = line i
-  metrics_path_ = run_dir + "/metrics.jsonl";
-  // A resumed run appends to its metrics; a fresh one starts them anew.
-  if (resumed_from_.empty()) std::ofstream(metrics_path_, std::ios::trunc).close();
-  if (opts_.print) sinks.add(std::make_unique<ProgressPrinter>(isatty(STDOUT_FILENO)));
-  sinks.add(std::make_unique<JsonlSink>(metrics_path_));
-  if (cfg_.train.tensorboard) sinks.add(std::make_unique<TensorBoardSink>(run_dir));
-  return lock;
-}
-
-void Trainer::print_start() const {
-  if (!opts_.print) return;
-  const int R = group_->world();
-  std::vector<Device> local;  // what parallel.devices (e.g. auto) resolved to in this process
-  for (int i = 0; i < group_->size(); ++i) local.push_back(group_->replica(i).device());
-  std::printf("replica: %s on %s (%d replica%s, %s), %s\n", states_[0].model->summary().c_str(),
-              devices_str(local).c_str(), R, R > 1 ? "s" : "", group_->replica(0).pool().describe().c_str(),
-              train_->name().c_str());
-  std::string precision = cfg_.train.precision;
-  if (precision != "fp32") {
-    precision += " activations, fp32 master weights";
-    const auto* sc = states_[0].scaler.get();
-    precision += sc ? ", loss scale " + std::to_string(static_cast<int64_t>(sc->scale())) +
-                          (sc->options().dynamic ? " (dynamic)" : " (static)")
-                    : std::string(", no loss scaling");
-  }
-  const auto& shard = states_[0].step->shard_plan();
-  if (shard.sharded()) {
-    int64_t least = shard.total(), most = 0;
-    for (int r = 0; r < shard.world(); ++r) {
-      least = std::min(least, shard.hi(r) - shard.lo(r));
-      most = std::max(most, shard.hi(r) - shard.lo(r));
-    }
-    std::printf("replica: parallel.shard %s (%s): %d shards of %ld-%ld of %ld parameters (largest %.3f x an even "
-                "share); optimizer state %s per replica\n",
-                parallel::shard_mode_name(shard.mode),
-                shard.mode == parallel::ShardMode::gradients ? "ZeRO-2: gradients reduce-scattered, optimizer state sharded"
-                                                             : "ZeRO-1: optimizer state sharded",
-                R, (long)least, (long)most, (long)shard.total(), shard.imbalance(),
-                format_bytes(static_cast<size_t>(states_[0].opt->state().size() * most * sizeof(float))).c_str());
-  }
-  std::printf("replica: global batch %ld = micro-batch %ld x %d accumulation step%s x %d replica%s; %ld steps "
-              "(%ld per epoch); %s lr %.4g %s; %s\n",
-              (long)cfg_.train.global_batch, (long)micro_, accumulation_, accumulation_ > 1 ? "s" : "", R,
-              R > 1 ? "s" : "", (long)total_steps_, (long)sharding_->steps_per_epoch(), cfg_.optim.name.c_str(),
-              sched_.base_lr, sched_.kind.c_str(), precision.c_str());
-  if (!cpu_tuning_.empty())
-    std::printf("replica: cpu kernels %s; %s\n", ops::cpu_kernel_variant().name, cpu_tuning_.c_str());
-  if (group_->replica(0).device().kind == DeviceKind::cuda)
-    std::printf("replica: train.deterministic %s (%s)\n", resolve_deterministic(cfg_.train) ? "on" : "off",
-                resolve_deterministic(cfg_.train)
-                    ? "deterministic cuDNN algorithms by cuDNN's ranking: the same seed gives the same bits"
-                    : "cuDNN algorithms timed per shape: fastest, but two runs may differ in the last bits");
-  if (cfg_.train.cuda_graph != "off" && group_->replica(0).device().kind == DeviceKind::cuda)
-    std::printf("replica: train.cuda_graph %s: %s\n", cfg_.train.cuda_graph.c_str(),
-                !cuda_graph_note_.empty()
-                    ? ("eager, " + cuda_graph_note_).c_str()
-                    : cfg_.train.cuda_graph == "auto"
-                          ? "the whole step captured as one CUDA graph after 2 eager steps, the first replay "
-                            "checked against an eager step, then replayed"
-                          : "the whole step captured as one CUDA graph after 2 eager steps, then replayed");
-  std::fflush(stdout);
-}
-
-void Trainer::print_end(const FitResult& result) const {
-  if (!opts_.print) return;
-  if (cfg_.memory.step_plan) {
-    auto ps = group_->replica(0).pool().plan_stats();
-    std::printf("replica: step plan on replica 0: %ld step(s) served, %ld diverged%s; arena %s for %s of peak live "
-                "(%zu planned allocations, %zu outside the plan)\n",
-                (long)ps.steps_served, (long)ps.steps_diverged,
-                ps.last_divergence.empty() ? "" : (" (last: " + ps.last_divergence + ")").c_str(),
-                format_bytes(ps.arena_bytes).c_str(), format_bytes(ps.recorded_peak).c_str(), ps.planned, ps.unplanned);
-  }
-  if (states_[0].scaler)
-    std::printf("replica: %ld of %ld steps skipped for overflow\n", (long)result.skipped, (long)result.steps);
-  if (const StepGraph* g = states_[0].step ? states_[0].step->graph() : nullptr)
-    std::printf("replica: %s\n", g->summary().c_str());
-  std::printf("replica: %ld steps in %.1f s (%.0f img/s training); model saved to %s/model.bin, metrics in %s\n",
-              (long)result.steps, result.seconds, result.images_per_second, cfg_.train.run_dir.c_str(),
-              metrics_path_.c_str());
-  std::fflush(stdout);
-}
-
-void Trainer::write_traces() {
-  if (alloc_trace_) {
-    group_->replica(0).pool().set_trace(nullptr);
-    alloc_trace_->write_csv(opts_.alloc_trace);
-    if (opts_.print)
-      std::printf("replica: %zu allocation events of replica 0 written to %s\n", alloc_trace_->events().size(),
-                  opts_.alloc_trace.c_str());
-  }
-  if (timeline_ && group_->lead_process()) {
-    timeline_->write_chrome_json(opts_.trace);
-    if (opts_.print) std::printf("replica: timeline written to %s (open in https://ui.perfetto.dev)\n", opts_.trace.c_str());
-  }
-}
-
-// What the planner says fits, measured on this configuration (not guessed): added to an
-// out-of-memory error that reaches the trainer, so core/ names no training concept.
-std::string Trainer::planner_advice() const {
-  try {
-    MemPlan plan = plan_memory(cfg_);
-    if (plan.best_micro_batch)
-      return " The planner (replica memplan) says micro_batch " + std::to_string(plan.best_micro_batch) + " with " +
-             std::to_string(plan.accumulation) + " accumulation step(s) fits this pool and keeps global_batch " +
-             std::to_string(cfg_.train.global_batch) + " (set train.micro_batch: auto to let it choose).";
-    return " The planner finds no micro-batch that fits this pool: use model.checkpoint: blocks, "
-           "train.precision: fp16 or bf16, or a larger memory.fraction.";
-  } catch (const std::exception&) {
-    return "";
-  }
 }
 
 }  // namespace replica::train
