@@ -1,4 +1,4 @@
-// The `replica` command: train, eval, export, import, report, pack, devices, memplan, bench. Errors
+// The `replica` command: train, eval, export, import, report, pack, devices, memplan, bench, config. Errors
 // print one clear line and exit 2 (a command line or configuration to fix) or 1 (anything else).
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -197,6 +197,8 @@ struct Args {
   int pack_size = 0;
   int64_t pack_limit = 0;
   std::string report_dir;
+  std::string config_key;
+  bool config_markdown = false;
   apps::AllreduceBenchOptions ar;
   std::string ar_min = "8", ar_max = "128M", ar_dtype = "f32";
   apps::TrainBenchOptions tb;
@@ -208,7 +210,7 @@ struct Args {
 };
 
 struct Commands {
-  CLI::App *train, *eval, *devices, *memplan, *plan, *export_, *import, *report, *pack;
+  CLI::App *train, *eval, *devices, *memplan, *plan, *export_, *import, *report, *pack, *config;
   CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data, *bench_kernels, *bench_host;
 };
 
@@ -278,6 +280,9 @@ void add_file_commands(CLI::App& app, Args& a, Commands& c) {
   c.import->add_option("--out", a.out_path, "the model file to write (MODEL.bin)")->required();
   c.import->add_option("--config", a.config, "configuration that builds the model (default: the built-in)");
   c.import->add_option("--set", a.sets, "override a key (repeatable)");
+  c.config = app.add_subcommand("config", "the configuration keys: defaults, values, what each does (docs/configuration.md)");
+  c.config->add_option("key", a.config_key, "one key (train.epochs) or section (train) to explain; none: every key");
+  c.config->add_flag("--markdown", a.config_markdown, "print docs/configuration.md (generated from the schema)");
   c.report = app.add_subcommand("report", "a run's summary and a plot of loss, accuracy and lr (RUN_DIR/report.svg)");
   c.report->add_option("run_dir", a.report_dir, "the run directory (train.run_dir)")->required();
   c.pack = app.add_subcommand("pack", "pack a class-folder image set into one memory-mapped file (data.dataset: packed)");
@@ -369,6 +374,12 @@ int dispatch(const Commands& c, Args& a) {
   if (*c.plan) return apps::run_plan(a.plan);
   if (*c.export_) return cmd_export(a.config, a.sets, a.model_path, a.format, a.dtype, a.out_path);
   if (*c.import) return cmd_import(a.config, a.sets, a.st_path, a.out_path);
+  if (*c.config) {
+    if (a.config_markdown) std::fputs(train::config_reference_markdown().c_str(), stdout);
+    else if (a.config_key.empty()) std::fputs(train::config_reference_text().c_str(), stdout);
+    else std::fputs(train::config_key_text(a.config_key).c_str(), stdout);
+    return 0;
+  }
   if (*c.report) {
     std::printf("%s", train::report_run_directory(a.report_dir).c_str());
     return 0;

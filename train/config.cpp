@@ -110,11 +110,16 @@ std::string suggest(const std::string& key, const std::vector<std::string>& know
 using Setter = std::function<void(const YAML::Node&, const Loc&)>;
 // Writes the key's current value (after its name); false: the key is unset and is left out.
 using Getter = std::function<bool(YAML::Emitter&)>;
-// One key, written once: how it is read (with its checks) and how it is written back.
+// One key, written once: how it is read (with its checks), how it is written back, and what
+// `replica config` and docs/configuration.md say of it (ripgrep's flag definitions are the model:
+// the documentation lives beside the code that parses the value).
 struct Key {
   std::string name;
   Setter set;
   Getter get;
+  std::string doc;      // one line: what the key does
+  std::string allowed;  // the values it takes, as a person writes them
+  std::string more;     // the docs/ page (and section) that explains it at length, or empty
 };
 using Section = std::vector<Key>;
 
@@ -140,25 +145,42 @@ Getter optional_of(const std::optional<T>& v) {
     return v.has_value();
   };
 }
+// A range as a person reads it: "[lo, hi]", or ">= lo" when hi is only a guard against overflow.
+std::string range_text(double lo, double hi, const char* kind) {
+  std::ostringstream os;
+  os << kind << ' ';
+  if (hi >= double(int64_t(1) << 40)) os << ">= " << lo;
+  else os << "in [" << lo << ", " << hi << "]";
+  return os.str();
+}
 template <typename I>
-Key int_key(const std::string& name, I& v, int64_t lo, int64_t hi) {
-  return {name, [&v, lo, hi](auto& n, auto& l) { v = static_cast<I>(as_int(n, l, lo, hi)); }, value_of(v)};
+Key int_key(const std::string& name, I& v, int64_t lo, int64_t hi, std::string doc, std::string more = "") {
+  return {name, [&v, lo, hi](auto& n, auto& l) { v = static_cast<I>(as_int(n, l, lo, hi)); }, value_of(v),
+          std::move(doc), range_text(static_cast<double>(lo), static_cast<double>(hi), "an integer"), std::move(more)};
 }
-Key double_key(const std::string& name, double& v, double lo, double hi) {
-  return {name, [&v, lo, hi](auto& n, auto& l) { v = as_double(n, l, lo, hi); }, value_of(v)};
+Key double_key(const std::string& name, double& v, double lo, double hi, std::string doc, std::string more = "") {
+  return {name, [&v, lo, hi](auto& n, auto& l) { v = as_double(n, l, lo, hi); }, value_of(v), std::move(doc),
+          range_text(lo, hi, "a number"), std::move(more)};
 }
-Key bool_key(const std::string& name, bool& v) {
-  return {name, [&v](auto& n, auto& l) { v = as_bool(n, l); }, value_of(v)};
+Key bool_key(const std::string& name, bool& v, std::string doc, std::string more = "") {
+  return {name, [&v](auto& n, auto& l) { v = as_bool(n, l); }, value_of(v), std::move(doc), "true or false",
+          std::move(more)};
 }
-Key text_key(const std::string& name, std::string& v) {
-  return {name, [&v](auto& n, auto& l) { v = scalar(n, l); }, value_of(v)};
+Key text_key(const std::string& name, std::string& v, std::string allowed, std::string doc, std::string more = "") {
+  return {name, [&v](auto& n, auto& l) { v = scalar(n, l); }, value_of(v), std::move(doc), std::move(allowed),
+          std::move(more)};
 }
-Key choice_key(const std::string& name, std::string& v, std::vector<std::string> allowed) {
-  return {name, [&v, allowed](auto& n, auto& l) { v = one_of(n, l, allowed); }, value_of(v)};
+Key choice_key(const std::string& name, std::string& v, std::vector<std::string> allowed, std::string doc,
+               std::string more = "") {
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : " | ") + a;
+  return {name, [&v, allowed](auto& n, auto& l) { v = one_of(n, l, allowed); }, value_of(v), std::move(doc), list,
+          std::move(more)};
 }
 
-// Every key of every section, bound to `c`. Long because it is a table (one entry per key, ~80
-// keys), not logic: adding a key is adding one line here.
+// Every key of every section, bound to `c`, with its documentation. Long because it is a table
+// (one entry per key, ~85 keys), not logic: adding a key is adding one entry here, and
+// docs/configuration.md is regenerated from it (`replica config --markdown`).
 std::map<std::string, Section> schema(RunConfig& c) {
   auto& m = c.model;
   auto& d = c.data;
@@ -170,11 +192,15 @@ std::map<std::string, Section> schema(RunConfig& c) {
   static constexpr double inf = 1e300;
   return {
       {"model",
-       {choice_key("arch", m.arch, models::resnet_archs()),
-        int_key("width", m.width, 0, 4096),
-        bool_key("zero_init_residual", m.zero_init_residual),
-        bool_key("freeze_bn", m.freeze_bn),
-        text_key("init_from", m.init_from),
+       {choice_key("arch", m.arch, models::resnet_archs(),
+                   "the network: CIFAR-style resnet20..110 (3 stages), ImageNet-style resnet18/34/50 (50 is v1.5)"),
+        int_key("width", m.width, 0, 4096, "base width; 0: 16 for CIFAR-style, 64 for ImageNet-style"),
+        bool_key("zero_init_residual", m.zero_init_residual, "start the last batch-norm gamma of each residual block at 0"),
+        bool_key("freeze_bn", m.freeze_bn,
+                 "batch norm normalises with its running statistics while training and never updates them (fine-tuning)"),
+        text_key("init_from", m.init_from, "a .safetensors path",
+                 "start from weights with PyTorch's names (torchvision, `replica export`); another class count re-initialises the classifier",
+                 "weights.md"),
         {"checkpoint",
          [&](auto& n, auto& l) {
            std::string v = scalar(n, l);
@@ -192,139 +218,184 @@ std::map<std::string, Section> schema(RunConfig& c) {
                  : m.checkpoint_every == 1 ? std::string("blocks")
                                            : "every:" + std::to_string(m.checkpoint_every));
            return true;
-         }}}},
+         },
+         "gradient checkpointing: recompute activations in backward instead of keeping them",
+         "none | blocks | every:N", "memory.md#memory-will-it-fit-and-where-did-it-go"}}},
       {"data",
-       {choice_key("dataset", d.dataset, {"fashion-mnist", "mnist", "cifar10", "folder", "packed", "synthetic"}),
-        text_key("path", d.path),
-        int_key("pad_crop", d.pad_crop, 0, 64),
-        bool_key("hflip", d.hflip),
+       {choice_key("dataset", d.dataset, {"fashion-mnist", "mnist", "cifar10", "folder", "packed", "synthetic"},
+                   "IDX (fashion-mnist, mnist), CIFAR-10 binary, class folders of JPEG/PNG, a `replica pack` file, or synthetic",
+                   "data.md"),
+        text_key("path", d.path, "a directory", "the directory holding the data set's files"),
+        int_key("pad_crop", d.pad_crop, 0, 64, "augmentation: pad by N pixels and crop back at a random offset (in-memory data sets)"),
+        bool_key("hflip", d.hflip, "augmentation: random horizontal flip"),
         {"mean",
          [&](auto& n, auto& l) {
            auto v = as_list(n, l, -inf, inf);
            d.mean.assign(v.begin(), v.end());
          },
-         list_of(d.mean)},
+         list_of(d.mean), "per-channel mean subtracted after scaling pixels to [0, 1]", "a list of numbers, one per channel", ""},
         {"std",
          [&](auto& n, auto& l) {
            auto v = as_list(n, l, 1e-12, inf);
            d.std.assign(v.begin(), v.end());
          },
-         list_of(d.std)},
+         list_of(d.std), "per-channel standard deviation divided by after the mean", "a list of positive numbers, one per channel", ""},
         {"synthetic_shape",
          [&](auto& n, auto& l) {
            auto v = as_list(n, l, 1, 4096);
            if (v.size() != 3) fail(l, "expected [H, W, C]");
            d.synthetic_shape.assign(v.begin(), v.end());
          },
-         list_of(d.synthetic_shape)},
-        int_key("synthetic_classes", d.synthetic_classes, 2, 1000000),
-        int_key("synthetic_size", d.synthetic_size, 1, int64_t(1) << 40),
-        int_key("prefetch", d.prefetch, 1, 64),
-        int_key("limit_train", d.limit_train, 0, int64_t(1) << 40),
-        int_key("limit_test", d.limit_test, 0, int64_t(1) << 40),
-        text_key("train_dir", d.train_dir),
-        text_key("val_dir", d.val_dir),
-        int_key("image_size", d.image_size, 8, 4096),
-        int_key("eval_resize", d.eval_resize, 0, 8192),
+         list_of(d.synthetic_shape), "the synthetic data set's image shape", "[H, W, C], each in [1, 4096]", ""},
+        int_key("synthetic_classes", d.synthetic_classes, 2, 1000000, "the synthetic data set's number of classes"),
+        int_key("synthetic_size", d.synthetic_size, 1, int64_t(1) << 40, "the synthetic data set's number of samples"),
+        int_key("prefetch", d.prefetch, 1, 64, "micro-batches prepared ahead per replica"),
+        int_key("limit_train", d.limit_train, 0, int64_t(1) << 40, "use only the first N training samples (0: all)"),
+        int_key("limit_test", d.limit_test, 0, int64_t(1) << 40, "use only the first N test samples (0: all)"),
+        text_key("train_dir", d.train_dir, "a directory or .pack file",
+                 "folder / packed: the training class folders or pack (empty: data.path/train, .pack for packed)", "data.md"),
+        text_key("val_dir", d.val_dir, "a directory or .pack file",
+                 "folder / packed: the validation class folders or pack (empty: data.path/val, .pack for packed)", "data.md"),
+        int_key("image_size", d.image_size, 8, 4096, "folder / packed: training crops are resized to this side"),
+        int_key("eval_resize", d.eval_resize, 0, 8192,
+                "folder / packed: evaluation resizes the shorter side to this, then centre-crops (0: image_size / 0.875)"),
         {"crop_scale",
          [&](auto& n, auto& l) {
            auto v = as_list(n, l, 1e-6, 1);
            if (v.size() != 2 || v[0] > v[1]) fail(l, "expected [min, max] of the image's area, e.g. [0.08, 1]");
            d.crop_scale = v;
          },
-         list_of(d.crop_scale)},
+         list_of(d.crop_scale), "RandomResizedCrop's range of the image's area (torchvision's default)", "[min, max] in (0, 1]", ""},
         {"crop_ratio",
          [&](auto& n, auto& l) {
            auto v = as_list(n, l, 1e-3, 1e3);
            if (v.size() != 2 || v[0] > v[1]) fail(l, "expected [min, max] width/height, e.g. [0.75, 1.3333]");
            d.crop_ratio = v;
          },
-         list_of(d.crop_ratio)},
-        int_key("workers", d.workers, 0, 256),
-        bool_key("skip_bad_files", d.skip_bad_files)}},
+         list_of(d.crop_ratio), "RandomResizedCrop's range of aspect ratios, width / height", "[min, max] in [0.001, 1000]", ""},
+        int_key("workers", d.workers, 0, 256,
+                "decode threads per replica; 0: a GPU replica's share of the cores, or for image files the cores no CPU replica runs on"),
+        bool_key("skip_bad_files", d.skip_bad_files,
+                 "an unreadable image is a warning, replaced by the next readable one of its class; off: an error naming the file")}},
       {"train",
-       {double_key("epochs", t.epochs, 1e-6, 1e6),
-        int_key("global_batch", t.global_batch, 1, int64_t(1) << 30),
+       {double_key("epochs", t.epochs, 1e-6, 1e6, "passes over the training set (may be fractional)"),
+        int_key("global_batch", t.global_batch, 1, int64_t(1) << 30, "samples per optimizer step over all replicas"),
         {"micro_batch",
          [&](auto& n, auto& l) { t.micro_batch = scalar(n, l) == "auto" ? -1 : as_int(n, l, 0, int64_t(1) << 30); },
          [&](YAML::Emitter& e) {
            e << (t.micro_batch < 0 ? std::string("auto") : std::to_string(t.micro_batch));
            return true;
-         }},
-        choice_key("precision", t.precision, {"fp32", "fp16", "bf16"}),
+         },
+         "samples per replica and micro-step; global = micro x accumulation x replicas (0: no accumulation)",
+         "0 | auto (the largest the pool holds) | an integer", "precision.md#gradient-accumulation"},
+        choice_key("precision", t.precision, {"fp32", "fp16", "bf16"},
+                   "16-bit activations and compute copies with f32 master weights, or fp32 throughout", "precision.md"),
         {"loss_scale",
          [&](auto& n, auto& l) {
            std::string v = scalar(n, l);
            if (v != "auto" && v != "dynamic" && v != "off") as_double(n, l, 1e-30, 1e30);  // a static scale
            t.loss_scale = v;
          },
-         value_of(t.loss_scale)},
-        double_key("loss_scale_init", t.loss_scale_init, 1e-30, 1e30),
-        int_key("loss_scale_growth_interval", t.loss_scale_growth_interval, 1, int64_t(1) << 40),
-        double_key("loss_scale_min", t.loss_scale_min, 1e-30, 1e30),
-        int_key("loss_scale_hysteresis", t.loss_scale_hysteresis, 1, 1000),
-        int_key("loss_scale_max_floor_overflows", t.loss_scale_max_floor_overflows, 1, int64_t(1) << 40),
-        int_key("seed", t.seed, 0, INT64_MAX),
-        int_key("log_every", t.log_every, 1, int64_t(1) << 40),
-        int_key("max_steps", t.max_steps, 0, int64_t(1) << 40),
-        text_key("run_dir", t.run_dir),
-        bool_key("eval", t.eval),
-        int_key("eval_batch", t.eval_batch, 1, int64_t(1) << 20),
-        bool_key("tensorboard", t.tensorboard),
-        {"deterministic", [&](auto& n, auto& l) { t.deterministic = as_bool(n, l); }, optional_of(t.deterministic)},
-        choice_key("cuda_graph", t.cuda_graph, {"off", "on", "auto"})}},
+         value_of(t.loss_scale), "the loss scale: auto is dynamic for fp16 and off for fp32 / bf16",
+         "auto | dynamic | off | a number (a static scale)", "precision.md"},
+        double_key("loss_scale_init", t.loss_scale_init, 1e-30, 1e30, "dynamic scaling: the first scale"),
+        int_key("loss_scale_growth_interval", t.loss_scale_growth_interval, 1, int64_t(1) << 40,
+                "dynamic scaling: x2 after this many good steps (x0.5 on an overflow)"),
+        double_key("loss_scale_min", t.loss_scale_min, 1e-30, 1e30, "dynamic scaling: never below this scale"),
+        int_key("loss_scale_hysteresis", t.loss_scale_hysteresis, 1, 1000,
+                "overflows tolerated before backing off (DeepSpeed uses 2)"),
+        int_key("loss_scale_max_floor_overflows", t.loss_scale_max_floor_overflows, 1, int64_t(1) << 40,
+                "consecutive overflows at the minimum scale before the run stops with an error"),
+        int_key("seed", t.seed, 0, INT64_MAX, "initialisation, shuffling and augmentation are pure functions of it"),
+        int_key("log_every", t.log_every, 1, int64_t(1) << 40, "a step line (and a metrics record) every N steps"),
+        int_key("max_steps", t.max_steps, 0, int64_t(1) << 40, "stop after this many steps (0: no limit)"),
+        text_key("run_dir", t.run_dir, "a directory", "where config.yaml, metrics, checkpoints and the model go",
+                 "training.md"),
+        bool_key("eval", t.eval, "evaluate on the test split after every epoch"),
+        int_key("eval_batch", t.eval_batch, 1, int64_t(1) << 20, "samples per evaluation batch"),
+        bool_key("tensorboard", t.tensorboard, "write TensorBoard event files to the run directory"),
+        {"deterministic", [&](auto& n, auto& l) { t.deterministic = as_bool(n, l); }, optional_of(t.deterministic),
+         "GPU runs repeat bit for bit (deterministic cuDNN algorithms); CPU runs always do",
+         "true or false (unset: REPLICA_DETERMINISTIC, else false)", "gpu.md#deterministic-runs"},
+        choice_key("cuda_graph", t.cuda_graph, {"off", "on", "auto"},
+                   "GPU replicas: capture the whole step as one CUDA graph and replay it (auto: checked against an eager step first)",
+                   "gpu.md#the-whole-step-as-one-cuda-graph-traincuda_graph")}},
       {"checkpoint",
-       {int_key("every_steps", ck.every_steps, 0, int64_t(1) << 40),
-        int_key("every_epochs", ck.every_epochs, 0, int64_t(1) << 40),
-        int_key("keep_last", ck.keep_last, 0, 1000000),
-        text_key("dir", ck.dir)}},
+       {int_key("every_steps", ck.every_steps, 0, int64_t(1) << 40, "a checkpoint every N steps (0: off)", "elastic.md"),
+        int_key("every_epochs", ck.every_epochs, 0, int64_t(1) << 40, "a checkpoint every N epochs (0: off); always one at the end",
+                "elastic.md"),
+        int_key("keep_last", ck.keep_last, 0, 1000000, "the newest N checkpoints are kept (0: all)", "elastic.md"),
+        text_key("dir", ck.dir, "a directory", "where checkpoints go (empty: RUN_DIR/checkpoints)", "elastic.md")}},
       {"optim",
-       {choice_key("name", o.name, {"sgd", "adamw", "lars"}),
-        double_key("beta1", o.beta1, 0, 0.999999),
-        double_key("beta2", o.beta2, 0, 0.999999999),
-        double_key("eps", o.eps, 0, 1),
-        double_key("trust_coefficient", o.trust_coefficient, 1e-9, 1e3),
-        double_key("clip_grad_norm", o.clip_grad_norm, 0, 1e12),
-        double_key("lr", o.lr, 1e-12, 1e6),
-        double_key("momentum", o.momentum, 0, 0.999999),
-        bool_key("nesterov", o.nesterov),
-        double_key("weight_decay", o.weight_decay, 0, 1),
-        bool_key("decoupled_weight_decay", o.decoupled_weight_decay),
-        bool_key("no_decay_bn_bias", o.no_decay_bn_bias),
-        choice_key("schedule", o.schedule, {"constant", "step", "cosine"}),
-        double_key("warmup_epochs", o.warmup_epochs, 0, 1e6),
-        double_key("warmup_start_factor", o.warmup_start_factor, 0, 1),
-        {"milestones", [&](auto& n, auto& l) { o.milestones = as_list(n, l, 0, 1e6); }, list_of(o.milestones)},
-        double_key("gamma", o.gamma, 0, 1),
-        double_key("min_lr", o.min_lr, 0, 1e6),
-        bool_key("scale_lr", o.scale_lr)}},
+       {choice_key("name", o.name, {"sgd", "adamw", "lars"},
+                   "SGD (PyTorch's update), AdamW (torch.optim.AdamW's order) or LARS (large batches)"),
+        double_key("beta1", o.beta1, 0, 0.999999, "AdamW's first-moment decay"),
+        double_key("beta2", o.beta2, 0, 0.999999999, "AdamW's second-moment decay"),
+        double_key("eps", o.eps, 0, 1, "AdamW's epsilon"),
+        double_key("trust_coefficient", o.trust_coefficient, 1e-9, 1e3,
+                   "LARS eta: each weight's step scaled by eta |w| / (|g| + wd |w|); BN parameters and biases get plain momentum"),
+        double_key("clip_grad_norm", o.clip_grad_norm, 0, 1e12,
+                   "clip by the global L2 norm of the averaged, unscaled gradients (0: off; skipped steps are not clipped)"),
+        double_key("lr", o.lr, 1e-12, 1e6, "the peak learning rate"),
+        double_key("momentum", o.momentum, 0, 0.999999, "SGD and LARS momentum"),
+        bool_key("nesterov", o.nesterov, "SGD: Nesterov momentum"),
+        double_key("weight_decay", o.weight_decay, 0, 1, "weight decay"),
+        bool_key("decoupled_weight_decay", o.decoupled_weight_decay,
+                 "SGDW (p -= lr wd p) instead of PyTorch SGD's decay added to the gradient"),
+        bool_key("no_decay_bn_bias", o.no_decay_bn_bias, "no weight decay on batch-norm parameters and biases"),
+        choice_key("schedule", o.schedule, {"constant", "step", "cosine"},
+                   "the learning-rate schedule: step divides by 1/gamma at each milestone, cosine decays to min_lr"),
+        double_key("warmup_epochs", o.warmup_epochs, 0, 1e6, "linear warm-up over this many epochs"),
+        double_key("warmup_start_factor", o.warmup_start_factor, 0, 1, "the warm-up starts at this factor x lr"),
+        {"milestones", [&](auto& n, auto& l) { o.milestones = as_list(n, l, 0, 1e6); }, list_of(o.milestones),
+         "schedule step: the epochs at which the learning rate drops", "an increasing list of epochs", ""},
+        double_key("gamma", o.gamma, 0, 1, "schedule step: the factor at each milestone"),
+        double_key("min_lr", o.min_lr, 0, 1e6, "schedule cosine: the learning rate at the end"),
+        bool_key("scale_lr", o.scale_lr, "the linear scaling rule: lr x global_batch / 256")}},
       {"parallel",
-       {text_key("devices", p.devices),
-        bool_key("sync_bn", p.sync_bn),
-        choice_key("grad_dtype", p.grad_dtype, {"fp32", "fp16", "bf16"}),
-        choice_key("shard", p.shard, {"none", "optimizer", "gradients"}),
-        double_key("bucket_mb", p.bucket_mb, 0.001, 1e6),
-        double_key("first_bucket_mb", p.first_bucket_mb, 0.001, 1e6),
-        int_key("check_every", p.check_every, 0, int64_t(1) << 40),
-        double_key("timeout_s", p.timeout_s, 0.01, 1e6),
-        bool_key("pin_threads", p.pin_threads),
-        int_key("intra_op_threads", p.intra_op_threads, 1, 1024),
-        choice_key("on_replica_failure", p.on_replica_failure, {"stop", "shrink"}),
-        int_key("min_replicas", p.min_replicas, 1, 1 << 20),
-        text_key("preempt_file", p.preempt_file)}},
+       {text_key("devices", p.devices, "auto | cpu:N | cuda | cuda:0,1 | cuda:0-3 | cuda:local",
+                 "one replica per device: auto is every visible GPU, else 2 CPU replicas; `--devices` overrides",
+                 "parallel.md#choosing-devices"),
+        bool_key("sync_bn", p.sync_bn, "batch statistics summed across replicas in forward and backward"),
+        choice_key("grad_dtype", p.grad_dtype, {"fp32", "fp16", "bf16"},
+                   "the gradient all-reduce's dtype (16-bit halves the bytes; 16-bit arithmetic at every addition, as NCCL)"),
+        choice_key("shard", p.shard, {"none", "optimizer", "gradients"},
+                   "ZeRO-1 (optimizer state and f32 masters) or ZeRO-2 (also gradients) split over the replicas; bit-identical to none",
+                   "memory.md#sharded-optimizer-state-and-gradients-zero"),
+        double_key("bucket_mb", p.bucket_mb, 0.001, 1e6, "gradient bucket size in MiB (PyTorch DDP's default)"),
+        double_key("first_bucket_mb", p.first_bucket_mb, 0.001, 1e6, "the first (last layers') bucket in MiB"),
+        int_key("check_every", p.check_every, 0, int64_t(1) << 40,
+                "compare a parameter checksum across replicas every N steps; divergence is an error (0: off)"),
+        double_key("timeout_s", p.timeout_s, 0.01, 1e6, "a collective waiting longer fails with an error naming the missing rank"),
+        bool_key("pin_threads", p.pin_threads, "pin CPU replica i to core i"),
+        int_key("intra_op_threads", p.intra_op_threads, 1, 1024,
+                "threads each CPU replica's kernels may use (the same bits for any count)", "cpu.md#threads-and-kernels"),
+        choice_key("on_replica_failure", p.on_replica_failure, {"stop", "shrink"},
+                   "a lost replica stops the run with a checkpoint, or the survivors continue", "elastic.md"),
+        int_key("min_replicas", p.min_replicas, 1, 1 << 20, "shrink: fewer survivors than this checkpoint and stop",
+                "elastic.md"),
+        text_key("preempt_file", p.preempt_file, "a path",
+                 "polled every step; when it appears, checkpoint and exit 0 (spot notices)", "elastic.md")}},
       {"memory",
        {{"mode", [&](auto& n, auto& l) { mem.mode = one_of(n, l, {"preallocate", "growth", "platform"}); },
-         optional_of(mem.mode)},
+         optional_of(mem.mode), "each replica's pool: taken once, grown on demand, or exact on-demand allocation",
+         "preallocate | growth | platform (unset: preallocate on GPUs, growth on CPU)", "memory.md#memory-pools"},
         {"fraction",
          [&](auto& n, auto& l) {
            double f = as_double(n, l, -inf, inf);
            if (!(f > 0 && f <= 1)) fail(l, scalar(n, l) + " is not a memory fraction; use a number in (0, 1], e.g. 0.75");
            mem.fraction = f;
          },
-         optional_of(mem.fraction)},
-        {"bytes", [&](auto& n, auto& l) { mem.bytes = parse_bytes(scalar(n, l), l.where()); }, optional_of(mem.bytes)},
-        bool_key("step_plan", mem.step_plan)}},
-      {"run", {double_key("cost_per_device_hour", c.run.cost_per_device_hour, 0, 1e9)}},
+         optional_of(mem.fraction), "of the device's total memory: preallocated, or the growth limit",
+         "a number in (0, 1] (unset: 0.75, or REPLICA_MEM_FRACTION)", "memory.md#memory-pools"},
+        {"bytes", [&](auto& n, auto& l) { mem.bytes = parse_bytes(scalar(n, l), l.where()); }, optional_of(mem.bytes),
+         "an absolute capacity, overriding the fraction", "a size such as 2GiB or 512MiB", "memory.md#memory-pools"},
+        bool_key("step_plan", mem.step_plan,
+                 "serve repeated steps from a packed plan of the second step's allocations (O(1); best-fit when a step differs)",
+                 "memory.md#memory-pools")}},
+      {"run",
+       {double_key("cost_per_device_hour", c.run.cost_per_device_hour, 0, 1e9,
+                   "the run report adds the run's cost (device-hours x this, any currency)", "run-report.md")}},
   };
 }
 
@@ -359,6 +430,20 @@ std::string emit(const RunConfig& config) {
 }
 
 }  // namespace
+
+std::vector<ConfigKeyDoc> config_reference() {
+  RunConfig defaults;
+  const auto sections = schema(defaults);
+  std::vector<ConfigKeyDoc> out;
+  for (const char* name : kSectionOrder)
+    for (const Key& k : sections.at(name)) {
+      YAML::Emitter e;
+      std::string value = k.get(e) ? e.c_str() : "(unset)";
+      if (value.empty() || value == "\"\"" || value == "~") value = "(empty)";
+      out.push_back({std::string(name) + "." + k.name, value, k.allowed, k.doc, k.more});
+    }
+  return out;
+}
 
 namespace {
 RunConfig parse_config_nodes(const std::string& text, const std::string& source, const std::vector<std::string>& sets) {

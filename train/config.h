@@ -152,5 +152,21 @@ RunConfig parse_config(const std::string& text, const std::string& source,
 // Reads `path` (or the built-in default when empty) and parses it.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& sets = {});
 
+// One key of the schema as `replica config` and docs/configuration.md show it.
+struct ConfigKeyDoc {
+  std::string key;           // section.key
+  std::string default_value; // what an omitted key means, as YAML ("(unset)" for an optional one)
+  std::string allowed;       // the values it takes
+  std::string doc;           // one line
+  std::string more;          // a docs/ page (and #section) with the long explanation, or empty
+};
+// Every key, in the order of a config file's sections (train/config.cpp's schema).
+std::vector<ConfigKeyDoc> config_reference();
+// train/config_reference.cpp: the reference as text for a terminal (every key, or those of one
+// section), one key in full, and the Markdown page docs/configuration.md. An unknown key or
+// section is a ConfigError with the nearest name.
+std::string config_reference_text(const std::string& section = "");
+std::string config_key_text(const std::string& key);
+std::string config_reference_markdown();
 
 }  // namespace replica::train

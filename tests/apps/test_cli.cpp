@@ -636,3 +636,34 @@ TEST(Cli, ADamagedOrCraftedCpuTuningCacheIsReplacedNotACrash) {
   }
   ::unsetenv("REPLICA_CACHE_DIR");
 }
+
+// The configuration reference is generated from the schema (train/config.cpp): the checked-in
+// page is what the binary prints, so a key cannot be documented one way and behave another.
+TEST(Cli, ConfigurationPageIsWhatReplicaConfigPrints) {
+  const Result r = run("config --markdown");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(std::string(REPLICA_SOURCE_DIR) + "/docs/configuration.md");
+  std::stringstream page;
+  page << in.rdbuf();
+  EXPECT_EQ(r.out, page.str()) << "docs/configuration.md differs from `replica config --markdown`; regenerate it: "
+                                  "build/apps/replica config --markdown > docs/configuration.md";
+}
+
+TEST(Cli, ConfigListsEveryKeyAndExplainsOne) {
+  const Result all = run("config");
+  ASSERT_EQ(all.code, 0) << all.out;
+  for (const char* key : {"model.arch", "train.cuda_graph", "parallel.shard", "memory.fraction", "run.cost_per_device_hour"})
+    EXPECT_NE(all.out.find(key), std::string::npos) << key;
+  const Result one = run("config train.precision");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("values:  fp32 | fp16 | bf16"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("default: fp32"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("docs/precision.md"), std::string::npos) << one.out;
+  const Result section = run("config optim");
+  ASSERT_EQ(section.code, 0) << section.out;
+  EXPECT_NE(section.out.find("optim.lr"), std::string::npos);
+  EXPECT_EQ(section.out.find("train.epochs"), std::string::npos) << "a section lists only its own keys";
+  const Result typo = run("config train.epoch");
+  EXPECT_EQ(typo.code, 2) << typo.out;
+  EXPECT_NE(typo.out.find("did you mean 'train.epochs'"), std::string::npos) << typo.out;
+}
