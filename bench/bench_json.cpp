@@ -1,4 +1,4 @@
-// The measurement behind the JSON library choice (README, "Formats"): time to read a ResNet-50
+// The measurement behind the JSON library choice (docs/formats.md): time to read a ResNet-50
 // safetensors header (320 tensors) with replica's reader (nlohmann-json plus the reference rules),
 // nlohmann-json alone, and simdjson (DOM and on-demand). Built only when libsimdjson-dev is
 // installed; replica itself does not use simdjson.

@@ -69,7 +69,7 @@ struct TrainConfig {
   std::string cuda_graph = "off";
 };
 
-// train.deterministic when neither the config nor REPLICA_DETERMINISTIC says (README: why).
+// train.deterministic when neither the config nor REPLICA_DETERMINISTIC says (docs/gpu-check.md, what it costs: why).
 inline constexpr bool kDeterministicByDefault = false;
 // The setting in force: train.deterministic, else REPLICA_DETERMINISTIC, else the default.
 bool resolve_deterministic(const TrainConfig& t);

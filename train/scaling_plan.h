@@ -16,7 +16,7 @@
 //   - the all-reduce waits for the slowest replica: the profile's spread of step times gives the
 //     expected slowest of N (independent, normal);
 //   - the input pipeline caps images/s at the given rate per node.
-// Everything it assumes is listed in the README ("Planning a run before renting").
+// Everything it assumes is listed in docs/planning.md.
 #pragma once
 #include <cstdint>
 #include <string>
