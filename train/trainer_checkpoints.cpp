@@ -231,7 +231,7 @@ void Trainer::restore_replica(parallel::Replica& rep, const Checkpoint& ck, int 
     const std::vector<float> f = average_statistics(ck, old_world, static_cast<size_t>(b.numel()));
     tensor_from_bytes(b, f.data(), f.size() * sizeof(float));
   }
-  st.model->refresh_compute_copy();
+  // load_masters rounded the 16-bit copy already (whole, sharded or not): nothing to refresh.
   // The whole state is in the checkpoint; a sharded replica takes its own range of it.
   const std::string& opt = ck.sections.at("optimizer");
   const int64_t lo = st.opt->range_lo(), hi = st.opt->range_hi();

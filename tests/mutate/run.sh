@@ -64,7 +64,15 @@ id="" claim="" file="" find="" replace="" device="" tests=()
 flush() {
   if [ -n "$id" ] && { [ "$only" = "  " ] || [[ "$only" == *" $id "* ]]; }; then
     if [ "$device" = cuda ]; then  # CUDA code, killed only where a GPU runs it: scripts/gpu-bundle.sh
-      results+=("| $id | $claim | on a GPU: scripts/gpu-bundle.sh builds it, scripts/gpu-check.sh runs it |")
+      # Its line must still be there once, or the bundle's build of it stops (and the claim is unguarded).
+      local count
+      count=$(grep -cF -- "$find" "$src/$file" || true)
+      if [ "$count" != 1 ]; then
+        results+=("| $id | $claim | stale: the line occurs $count times in $file |")
+        stale=$((stale + 1))
+      else
+        results+=("| $id | $claim | on a GPU: scripts/gpu-bundle.sh builds it, scripts/gpu-check.sh runs it |")
+      fi
     else
       run_one "$id" "$claim" "$file" "$find" "$replace" "${tests[@]}"
     fi

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "ops/backend.h"
 #include "support/scratch.h"
 #include "support/bit_identical.h"
 #include "support/compare.h"
@@ -159,6 +160,20 @@ TEST(Sharding, MastersAreShardedBesideA16BitCopyAndWholeInFp32) {
         if (precision == "bf16") {
           EXPECT_EQ(m.masters_lo(), plan.lo(r)) << what;
           EXPECT_EQ(m.compute_copy().numel(), m.num_params()) << what << ": the 16-bit copy stays whole";
+          // refresh_compute_copy() on sharded masters re-rounds the shard's own range of the copy
+          // (a C++ caller who changed its masters), and nothing else: zero the copy, refresh it,
+          // and only [lo, hi) holds the rounded masters.
+          Tensor& copy = m.compute_copy();
+          ops::backend_for(copy.device()).fill(copy, 0.f);
+          m.refresh_compute_copy();
+          std::vector<float> got(static_cast<size_t>(copy.numel())), want(got.size(), 0.f);
+          convert(copy.raw(), copy.dtype(), got.data(), DType::f32, got.size());
+          std::vector<uint16_t> rounded(static_cast<size_t>(m.params().numel()));
+          convert(m.params().data<float>(), DType::f32, rounded.data(), copy.dtype(), rounded.size());
+          convert(rounded.data(), copy.dtype(), want.data() + m.masters_lo(), DType::f32, rounded.size());
+          EXPECT_TRUE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
+              << what << ": refresh_compute_copy() wrote outside, or not all of, the shard's range [" << m.masters_lo()
+              << ", " << m.masters_hi() << ")";
         }
         kept += m.params().numel();
       }
