@@ -9,6 +9,7 @@ namespace replica::parallel {
 CommClique::CommClique(int members, Backend backend) : members_(members), backend_(std::move(backend)) {}
 
 CommClique::~CommClique() {
+  holds_.release_all();  // graphs holding the members' plans go before the members
   std::lock_guard<std::mutex> lock(m_);
   if (aborted_ || members_ == 0) return;  // aborted communicators are already freed
   std::vector<int> all;
@@ -21,10 +22,15 @@ CommClique::~CommClique() {
 }
 
 void CommClique::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (aborted_) return;
+    aborted_ = true;  // from here every call on a member is a CommError
+    why_ = why;
+  }
+  // The graphs that hold the members' collectives go first: ncclCommAbort waits for them.
+  holds_.release_all();
   std::lock_guard<std::mutex> lock(m_);
-  if (aborted_) return;
-  aborted_ = true;
-  why_ = why;
   for (int i = 0; i < members_; ++i) {
     try {
       backend_.abort(i);

@@ -5,6 +5,8 @@
 //    wait out their time-out; abort() aborts all, once (idempotent, any thread);
 //  - after an abort, every call on any member is a CommError naming the rank and the reason,
 //    and an aborted communicator is never destroyed again (abort frees it);
+//  - work captured with the members' collectives (CUDA graphs) is released before any abort and
+//    before destruction (capture_holds(); NCCL 2.26+ waits for such graphs in abort and destroy);
 //  - destruction is collective too: with one thread owning several ranks, the members still
 //    active are finalized and destroyed together in one call (inside one NCCL group), never one
 //    by one (which hangs: each waits for the others).
@@ -13,6 +15,8 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "parallel/capture_holds.h"
 
 namespace replica::parallel {
 
@@ -34,9 +38,11 @@ class CommClique {
   std::string why() const;
   // Throws CommError "... rank R: the communicator was aborted: <why>" when aborted.
   void check(int rank, const std::string& what) const;
+  CaptureHolds& capture_holds() { return holds_; }
 
  private:
   mutable std::mutex m_;
+  CaptureHolds holds_;  // released before the members are aborted or destroyed
   int members_;
   Backend backend_;
   bool aborted_ = false;

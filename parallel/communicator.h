@@ -16,6 +16,8 @@ class Stream;
 
 namespace replica::parallel {
 
+class CaptureHolds;
+
 // The exit status of a process whose job lost a peer (a collective timed out, a process died):
 // nothing it wrote is inconsistent, and the run continues with `replica train --resume RUN_DIR` on
 // the machines that are left (sysexits' EX_TEMPFAIL; examples/elastic/resume-loop.sh restarts on it).
@@ -65,6 +67,10 @@ class Communicator {
   // own nodes (NCCL's kernels); false for host communicators and for device buffers staged
   // through the host, whose copies and host waits no graph can hold.
   virtual bool captured_by_cuda_graphs() const { return false; }
+  // Where work captured with these collectives (a CUDA graph, a CPU recording) registers its
+  // release: the group's abort and destruction release it first (parallel/capture_holds.h). Null
+  // when nothing of the group's survives in captured work.
+  virtual CaptureHolds* capture_holds() { return nullptr; }
 
   // In place over `count` elements of `dtype`. f32 sums in f32 (avg: the sum, then / size()).
   // 16-bit reductions (f16 / bf16) are 16-bit arithmetic on every communicator, as NCCL's ring

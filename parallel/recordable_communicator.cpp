@@ -23,6 +23,7 @@ class RecordableCommunicator final : public Communicator {
   bool device_buffers() const override { return false; }
   bool maps_peer_buffers() const override { return c_->maps_peer_buffers(); }
   void abort(const std::string& why) override { c_->abort(why); }
+  CaptureHolds* capture_holds() override { return c_->capture_holds(); }
   WorkHandle stream_work(Stream& s, const char* what) override { return c_->stream_work(s, what); }
 
   // While the thread records, an async collective is its blocking form (below), recorded: the

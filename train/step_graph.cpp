@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "ops/backend.h"
+#include "parallel/capture_holds.h"
 
 namespace replica::train {
 
@@ -52,24 +53,58 @@ StepGraph::StepGraph(parallel::Replica& replica, nn::Model& model, optim::Optimi
       stats_(std::move(stats)),
       micro_steps_(micro_steps),
       verify_(verify),
-      deterministic_(deterministic) {}
+      deterministic_(deterministic) {
+  if (rep_.world() == 1) return;
+  // The group's abort (any thread) or end releases the graph before the collectives it holds.
+  const auto release = [this] {
+    std::lock_guard<std::mutex> lock(graph_m_);
+    released_ = true;
+    if (rep_.device().kind == DeviceKind::cuda) graph_.reset();  // NCCL's plans in it go with it
+  };
+  for (parallel::Communicator* c : {&rep_.comm(), rep_.has_lane() ? &rep_.lane() : nullptr}) {
+    parallel::CaptureHolds* h = c ? c->capture_holds() : nullptr;
+    if (!h || (!holds_.empty() && holds_.back().first == h)) continue;
+    const int id = h->hold(release);
+    if (id >= 0) holds_.emplace_back(h, id);
+  }
+}
 
 StepGraph::~StepGraph() {
+  for (auto& [h, id] : holds_) h->drop(id);  // waits for a release in progress
   graph_.reset();
   pool_.reset();
   if (block_) rep_.pool().deallocate(block_);
 }
 
+bool StepGraph::released() const {
+  std::lock_guard<std::mutex> lock(graph_m_);
+  return released_;
+}
+
+void StepGraph::launch_graph() {
+  std::unique_lock<std::mutex> lock(graph_m_);
+  if (released_ || !graph_)
+    throw CommError("train.cuda_graph: the replica group's collectives were aborted, and the captured step "
+                              "holding them released");
+  if (rep_.device().kind == DeviceKind::cuda) return graph_->launch(rep_.stream());  // queued: a moment's lock
+  lock.unlock();  // a CPU replay runs the recorded collectives here, waiting for the peers
+  graph_->launch(rep_.stream());
+}
+
 void StepGraph::turn_off(const std::string& why) {
   off_ = why;
   log_warn("train.cuda_graph: ", why, "; steps run eagerly from here");
-  graph_.reset();
+  {
+    std::lock_guard<std::mutex> lock(graph_m_);
+    graph_.reset();
+  }
   pool_.reset();
   if (block_) rep_.pool().deallocate(block_);  // stream-ordered: after the replays queued before
   block_ = nullptr;
 }
 
 bool StepGraph::begin_step(bool ready) {
+  held_.clear();  // a step that threw before run() left its micro-batches
   if (measuring_) {  // the last warm-up step threw before end_eager()
     rep_.pool().pop_scope();
     measuring_ = false;
@@ -86,7 +121,11 @@ bool StepGraph::begin_step(bool ready) {
 void StepGraph::end_eager() {
   if (!measuring_) return;
   measuring_ = false;
-  peak_ = std::max(peak_, rep_.pool().pop_scope().peak_delta());
+  const size_t peak = rep_.pool().pop_scope().peak_delta();
+  // The first step's peak holds what a step needs once (cuDNN's algorithm search takes up to
+  // REPLICA_CUDNN_WORKSPACE_MB to time its candidates; the backend's first scratch): the private
+  // pool is sized from the steps after it, which the captured step repeats.
+  if (eager_ > 0 || kWarmupSteps == 1) peak_ = std::max(peak_, peak);
   ++eager_;
 }
 
@@ -99,12 +138,42 @@ bool StepGraph::stage(int k, const Tensor& images, const Tensor& labels) {
     im = Tensor::empty(rep_.pool(), images.shape(), images.dtype(), MemTag::other);
     lb = Tensor::empty(rep_.pool(), labels.shape(), labels.dtype(), MemTag::other);
   }
-  if (images.shape() != im.shape() || images.dtype() != im.dtype() || labels.shape() != lb.shape() ||
-      labels.dtype() != lb.dtype())
-    return false;
-  copy_tensor(images, im, &rep_.stream());
-  copy_tensor(labels, lb, &rep_.stream());
+  const bool fits = held_.empty() && images.shape() == im.shape() && images.dtype() == im.dtype() &&
+                    labels.shape() == lb.shape() && labels.dtype() == lb.dtype();
+  if (fits) {
+    copy_tensor(images, im, &rep_.stream());
+    copy_tensor(labels, lb, &rep_.stream());
+    return true;
+  }
+  if (rep_.world() == 1) return false;
+  // With peers this replica cannot decide alone to run eagerly (its collectives would meet the
+  // peers' captured ones): the step's micro-batches are kept (copies: the loader reuses its
+  // buffers) and run() agrees on an eager step for every replica.
+  auto keep = [&](const Tensor& t) {
+    Tensor c = Tensor::empty(rep_.pool(), t.shape(), t.dtype(), MemTag::data);
+    copy_tensor(t, c, &rep_.stream());
+    return c;
+  };
+  if (held_.empty())
+    for (int j = 0; j < k; ++j) held_.emplace_back(keep(slots_[j].first), keep(slots_[j].second));
+  held_.emplace_back(keep(images), keep(labels));
   return true;
+}
+
+int StepGraph::agree_plan(int mine) {
+  if (rep_.world() == 1) return mine;
+  const float f = static_cast<float>(mine);
+  const std::vector<float> all = rep_.all_gather(&f, 1);
+  int plan = 0;
+  size_t who = 0;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (static_cast<int>(all[r]) > plan) plan = static_cast<int>(all[r]), who = r;
+  if (plan == 2 && !said_eager_) {  // once: it is the rare step (a data set's last, short batch)
+    said_eager_ = true;
+    log_info("train.cuda_graph: replica ", who, "'s micro-batches do not fit the captured step's input slots; every "
+             "replica runs such a step eagerly");
+  }
+  return plan;
 }
 
 std::string StepGraph::agree(const std::string& mine, const char* what) {
@@ -118,44 +187,58 @@ std::string StepGraph::agree(const std::string& mine, const char* what) {
 }
 
 bool StepGraph::run(const Body& body) {
+  struct Clear {  // the kept micro-batches serve this step only
+    Inputs& held;
+    ~Clear() { held.clear(); }
+  } clear{held_};
   if (!off_.empty()) {
-    body(rep_.pool(), slots_);
+    body(rep_.pool(), eager_inputs());
     return true;
   }
-  std::string failed;
-  try {  // nothing of this step has run when it throws: it then runs eagerly, once
-    if (current_stream() != &rep_.stream()) throw Error("the replica's work does not go to its compute stream");
-    if (!pool_) {
-      // The eager steps' peak with a margin: the captured step allocates in the same order, and a
-      // shortfall fails the capture (graphs off), never the run.
-      const size_t want = peak_ + peak_ / 4 + (size_t(64) << 20);
-      block_bytes_ = (want + MemoryPool::kGranularity - 1) / MemoryPool::kGranularity * MemoryPool::kGranularity;
-      block_ = rep_.pool().allocate(block_bytes_, MemTag::other);
-      PoolOptions po;
-      po.mode = AllocatorMode::preallocate;
-      po.bytes = block_bytes_;
-      pool_ = std::make_unique<MemoryPool>(
-          rep_.device(), std::make_unique<BlockUpstream>(block_, block_bytes_, "train.cuda_graph's private pool"), po);
+  // This replica's way, agreed with the peers: an eager step when one kept its micro-batches, a
+  // capture when one has no graph for the backend's scratch as it is now, else a replay.
+  bool fresh;
+  {
+    std::lock_guard<std::mutex> lock(graph_m_);
+    fresh = graph_ && epoch_ == ops::backend_for(rep_.device()).capture_epoch();
+  }
+  const int plan = agree_plan(!held_.empty() ? 2 : fresh ? 0 : 1);
+  if (plan == 2) {
+    body(rep_.pool(), eager_inputs());
+    return true;
+  }
+  if (plan == 1) {
+    std::string failed;
+    try {  // nothing of this step has run when it throws: it then runs eagerly, once
+      if (current_stream() != &rep_.stream()) throw Error("the replica's work does not go to its compute stream");
+      if (!pool_) {
+        // The eager steps' peak with a margin: the captured step allocates in the same order, and a
+        // shortfall fails the capture (graphs off), never the run.
+        const size_t want = peak_ + peak_ / 4 + (size_t(64) << 20);
+        block_bytes_ = (want + MemoryPool::kGranularity - 1) / MemoryPool::kGranularity * MemoryPool::kGranularity;
+        block_ = rep_.pool().allocate(block_bytes_, MemTag::other);
+        PoolOptions po;
+        po.mode = AllocatorMode::preallocate;
+        po.bytes = block_bytes_;
+        pool_ = std::make_unique<MemoryPool>(
+            rep_.device(), std::make_unique<BlockUpstream>(block_, block_bytes_, "train.cuda_graph's private pool"), po);
+      }
+      capture(body);
+    } catch (const std::exception& err) {
+      failed = err.what();
+      if (failed.empty()) failed = "capturing failed";
     }
-    if (!graph_ || epoch_ != ops::backend_for(rep_.device()).capture_epoch()) capture(body);
-  } catch (const std::exception& err) {
-    failed = err.what();
-    if (failed.empty()) failed = "capturing failed";
-  }
-  // The first capture is agreed with the peers: auto's check runs the step twice, an eager step
-  // once, and the collectives of every replica must pair. A later re-capture that fails on one
-  // replica only turns its own graph off: eager and replayed steps issue the same collectives.
-  if (!agreed_) {
-    agreed_ = true;
+    // Every capture is agreed (auto's check runs the step twice, an eager step once, and the
+    // collectives of every replica must pair): one replica's failure turns graphs off on all.
     failed = agree(failed, "could not capture its step");
-  }
-  if (!failed.empty()) {
-    turn_off("no graph: " + failed);
-    body(rep_.pool(), slots_);
-    return true;
+    if (!failed.empty()) {
+      turn_off("no graph: " + failed);
+      body(rep_.pool(), slots_);
+      return true;
+    }
   }
   if (verify_ && !checked_) return check(body);
-  graph_->launch(rep_.stream());
+  launch_graph();
   ++replays_;
   return false;
 }
@@ -163,7 +246,10 @@ bool StepGraph::run(const Body& body) {
 void StepGraph::capture(const Body& body) {
   auto& be = ops::backend_for(rep_.device());
   const uint64_t epoch = be.capture_epoch();
-  graph_.reset();
+  {
+    std::lock_guard<std::mutex> lock(graph_m_);
+    graph_.reset();
+  }
   auto g = capture_work(rep_.device(), rep_.pool());
   // A block the captured work took from the replica's pool would be written by every replay after
   // the pool handed it to someone else: everything the step allocates must come from the private pool.
@@ -190,7 +276,11 @@ void StepGraph::capture(const Body& body) {
     throw Error("the backend's scratch moved during the capture");
   }
   nodes_ = g->nodes();
-  graph_ = std::move(g);
+  {
+    std::lock_guard<std::mutex> lock(graph_m_);
+    if (released_) throw CommError("the replica group's collectives were aborted during the capture");
+    graph_ = std::move(g);
+  }
   epoch_ = epoch;
   if (captures_++ == 0)
     log_info("train.cuda_graph: the training step captured as one ",
@@ -238,7 +328,7 @@ bool StepGraph::check(const Body& body) {
     return true;
   }
   restore(before);
-  graph_->launch(rep_.stream());  // the same step again, from the same state, as the graph has it
+  launch_graph();  // the same step again, from the same state, as the graph has it
   ++replays_;
   std::string diff;
   for (size_t i = 0; i < live.size(); ++i)

@@ -25,16 +25,24 @@
 // With peers (several replicas) the collectives are captured with the step: NCCL's calls are nodes
 // of the graph, and a CPU replica's collectives are recorded with its calls
 // (parallel/recordable_communicator.h). Every replica must issue the same collectives in the same
-// order, so what decides how many times a step runs is agreed: the first capture succeeds on every
-// replica or graphs turn off on all of them, and auto's check turns them off everywhere when any
-// replica's first replay differs (every replica then keeps its eager step). A check whose eager step
-// fails rethrows (peers wait on its collectives), after putting the state back.
+// order, and NCCL needs every rank to issue a collective captured or eagerly alike, so every step's
+// way is agreed (one host all-gather a step): a replica whose micro-batch does not fit the slots
+// keeps copies of its micro-batches and every replica runs that step eagerly; a replica whose
+// scratch moved makes every replica capture again; a capture succeeds on every replica or graphs
+// turn off on all of them, and auto's check turns them off everywhere when any replica's first
+// replay differs (every replica then keeps its eager step). A check whose eager step fails
+// rethrows (peers wait on its collectives), after putting the state back.
+// A graph holds the collectives it captured (NCCL's persistent plans): it is registered with the
+// group (Communicator::capture_holds), and the group's abort or destruction releases it first,
+// from whichever thread found the failure (ncclCommAbort waits for such graphs from NCCL 2.26 on);
+// a released graph is never launched again, and the next step fails as the collectives do.
 // On a CPU replica (the C++ API; the trainer keeps CPU runs eager) the step is recorded as the
 // backend calls it makes and replayed the same way (core/captured_work.h): no faster, since the
 // host does the work either way, but the same contract, so the CPU suite runs all of the above.
 #pragma once
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,7 +76,9 @@ class StepGraph {
   bool begin_step(bool ready = true);
   void end_eager();
   // Micro-batch k of a deferred step, copied into its fixed slot; false when it does not fit
-  // (the caller runs the step eagerly from here, the micro-batches before it from slots()).
+  // (alone in the job: the caller runs the step eagerly from here, the micro-batches before it
+  // from slots()). With peers it is always true: a micro-batch that does not fit is kept, with
+  // the step's others, and run() agrees on an eager step with the peers.
   bool stage(int k, const Tensor& images, const Tensor& labels);
   const Inputs& slots() const { return slots_; }
   // The deferred step: captured the first time (and when the scratch moved), replayed; run
@@ -77,6 +87,8 @@ class StepGraph {
   bool run(const Body& body);
 
   bool off() const { return !off_.empty(); }
+  // The group's abort (or end) released the captured work: no graph is launched again.
+  bool released() const;
   const std::string& off_reason() const { return off_; }
   int64_t replays() const { return replays_; }
   // One line for the run's end: replays, captures, the graph's size and the private pool.
@@ -87,6 +99,12 @@ class StepGraph {
  private:
   void capture(const Body& body);
   bool check(const Body& body);
+  // Queues one replay; a released graph is a CommError instead.
+  void launch_graph();
+  // The step's way on every replica: the largest of the replicas' own (replay 0, capture 1,
+  // eager 2), through one host all-gather; alone, `mine`.
+  int agree_plan(int mine);
+  const Inputs& eager_inputs() const { return held_.empty() ? slots_ : held_; }
   void turn_off(const std::string& why);
   // With peers, one replica's failure is every replica's: `mine`, or where it is empty and another
   // replica failed, a reason naming that replica and `what` (a host all-gather: every replica
@@ -99,7 +117,7 @@ class StepGraph {
   optim::Optimizer& opt_;
   Tensor stats_;
   int micro_steps_;
-  bool verify_, deterministic_, checked_ = false, agreed_ = false;
+  bool verify_, deterministic_, checked_ = false, said_eager_ = false;
   int eager_ = 0;
   bool measuring_ = false;
   size_t peak_ = 0;  // the eager steps' pool use above their start, at most
@@ -107,6 +125,13 @@ class StepGraph {
   size_t block_bytes_ = 0;
   std::unique_ptr<MemoryPool> pool_;
   Inputs slots_;
+  Inputs held_;  // with peers: copies of a step's micro-batches when one did not fit the slots
+  // graph_ is launched by this replica's thread and released by whichever thread aborts the group:
+  // both under graph_m_ (a CUDA graph's launch only queues it; a CPU replay runs outside the lock,
+  // and its release only marks it, since a recording holds nothing of the group's).
+  mutable std::mutex graph_m_;
+  bool released_ = false;
+  std::vector<std::pair<parallel::CaptureHolds*, int>> holds_;
   std::unique_ptr<CapturedWork> graph_;
   uint64_t epoch_ = 0;
   std::string off_;

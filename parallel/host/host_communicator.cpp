@@ -2,6 +2,7 @@
 // time-out) and one worker thread per rank.
 #include "parallel/host/host_communicator.h"
 
+#include "parallel/capture_holds.h"
 #include "parallel/collective_queue.h"
 
 #include <algorithm>
@@ -104,6 +105,7 @@ class HostCommState {
   size_t claim() { return next_claim_.fetch_add(1, std::memory_order_relaxed); }
 
   void abort(const std::string& why) {
+    holds_.release_all();  // the recorded steps that hold the group's collectives go first
     std::lock_guard<std::mutex> lock(m_);
     if (!aborted_) {
       aborted_ = true;
@@ -119,8 +121,10 @@ class HostCommState {
     std::lock_guard<std::mutex> lock(m_);
     return why_;
   }
+  CaptureHolds& holds() { return holds_; }
 
  private:
+  CaptureHolds holds_;
   int world_;
   HostCommOptions opts_;
   std::vector<Slot> slots_;
@@ -178,6 +182,7 @@ class HostCommunicator : public Communicator {
     run_here({Kind::all_gather_v, data, data, count, dtype, ReduceOp::sum, 0, bounds});
   }
   void abort(const std::string& why) override { state_->abort(why); }
+  CaptureHolds* capture_holds() override { return &state_->holds(); }
 
   void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     run_here({Kind::all_reduce, data, data, count, dtype, op, 0});

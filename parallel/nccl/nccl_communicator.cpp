@@ -199,6 +199,7 @@ class NcclCommunicator : public Communicator {
   std::string name() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
   bool captured_by_cuda_graphs() const override { return true; }
+  CaptureHolds* capture_holds() override { return &clique_->state->capture_holds(); }
   // Aborts every communicator of this process's group (NCCL needs all ranks aborted); later
   // calls on any of them are CommErrors naming their rank.
   void abort(const std::string& why) override {

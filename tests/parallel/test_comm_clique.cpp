@@ -54,3 +54,31 @@ TEST(CommClique, AbortReachesEveryMemberOnceAndLaterCallsNameTheRank) {
   }
   EXPECT_TRUE(rec.destroy_calls.empty()) << "aborted communicators are freed by the abort, never destroyed";
 }
+
+// Work captured with the members' collectives (a CUDA graph holding NCCL's persistent plans) is
+// released before the members are aborted, from the thread that aborts, and before they are
+// destroyed: from NCCL 2.26 on both wait until every such graph is gone, so a graph still alive
+// would hang them. A holder that went first is not called; one that comes after the abort is
+// released at once.
+TEST(CommClique, CapturedWorkIsReleasedBeforeAbortAndBeforeDestruction) {
+  std::vector<std::string> order;
+  CommClique::Backend b{[&](int m) { order.push_back("abort " + std::to_string(m)); },
+                        [&](const std::vector<int>&) { order.push_back("destroy"); }};
+  {
+    CommClique c(2, b);
+    EXPECT_GE(c.capture_holds().hold([&] { order.push_back("release graph A"); }), 0);
+    const int gone = c.capture_holds().hold([&] { order.push_back("release graph B"); });
+    c.capture_holds().drop(gone);
+    std::thread t([&] { c.abort("replica 1 failed"); });
+    t.join();
+    EXPECT_TRUE(c.capture_holds().released());
+    EXPECT_EQ(c.capture_holds().hold([&] { order.push_back("release graph C"); }), -1);
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"release graph A", "abort 0", "abort 1", "release graph C"}));
+  order.clear();
+  {
+    CommClique c(2, b);
+    c.capture_holds().hold([&] { order.push_back("release graph D"); });
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"release graph D", "destroy"}));
+}
