@@ -41,8 +41,9 @@ int cmd_devices(const std::string& config, const std::vector<std::string>& sets)
   auto gpus = cuda_devices(&why);
   std::printf("CUDA: %s\n", cuda_compiled() ? "built in" : "not built (-DREPLICA_CUDA=OFF or no nvcc)");
   if (cuda_compiled())
-    std::printf("  loaded: %s; %s; %s\n", cuda::runtime_versions().c_str(), ops::cuda_library_versions().c_str(),
-                parallel::nccl_version().c_str());
+    std::printf("  loaded: %s; %s; %s\n  %s\n", cuda::runtime_versions().c_str(),
+                ops::cuda_library_versions().c_str(), parallel::nccl_version().c_str(),
+                parallel::nccl_sharing_report().c_str());
   if (gpus.empty()) std::printf("  no GPU: %s\n", why.c_str());
   for (auto& g : gpus) {
     PoolOptions o = default_pool_options(DeviceKind::cuda);
@@ -436,8 +437,11 @@ int main(int argc, char** argv) {
     // A lost peer or a collective that timed out: restartable on the machines that are left.
     const auto* re = dynamic_cast<const parallel::ReplicaError*>(&e);
     const bool lost_peer = dynamic_cast<const CommError*>(&e) || (re && re->cause_as<CommError>());
-    const int code = lost_peer ? parallel::kExitRestartable : 1;
+    // Too few replicas left after a shrink: a restart with the device back (or a lower minimum) helps.
+    const bool too_few = dynamic_cast<const RestartableError*>(&e) || (re && re->cause_as<RestartableError>());
+    const int code = lost_peer || too_few ? parallel::kExitRestartable : 1;
     if (lost_peer) std::fprintf(stderr, "replica: exit %d: restartable (resume with --resume on the devices left)\n", code);
+    if (too_few) std::fprintf(stderr, "replica: exit %d: restartable (resume with --resume as the error says)\n", code);
     parallel::abort_mpi_job(e.what(), code);
     return code;
   }

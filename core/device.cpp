@@ -49,7 +49,7 @@ int parse_int(const std::string& s, const std::string& spec) {
     return v;
   } catch (const std::exception&) {
     throw ConfigError("devices: '" + spec + "' is not a device list; expected auto, cpu:N, " +
-                      "cuda, cuda:0,1 or cuda:0-3");
+                      "cuda, cuda:0,1, cuda:0-3 or cuda:0x2");
   }
 }
 }  // namespace
@@ -71,6 +71,40 @@ std::string devices_str(const std::vector<Device>& devices) {
   std::string s = "cuda:";
   for (size_t i = 0; i < devices.size(); ++i) s += (i ? "," : "") + std::to_string(devices[i].index);
   return s;
+}
+
+std::vector<Device> parse_cuda_list(const std::string& spec, int visible) {
+  if (spec.rfind("cuda:", 0) != 0) throw ConfigError("devices: '" + spec + "' is not a list of GPUs (cuda:...)");
+  std::vector<Device> out;
+  const std::string list = spec.substr(5);
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = list.find(',', start);
+    const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const auto dash = item.find('-'), times = item.find('x');
+    int lo, hi, copies = 1;
+    if (times != std::string::npos) {  // NxK: K replicas on GPU N (ranks sharing it)
+      lo = hi = parse_int(item.substr(0, times), spec);
+      copies = parse_int(item.substr(times + 1), spec);
+      if (copies < 1 || copies > 64)
+        throw ConfigError("devices: '" + spec + "' puts " + std::to_string(copies) + " replicas on cuda:" +
+                          std::to_string(lo) + "; use 1 to 64 (cuda:0x4 is 4 replicas on GPU 0)");
+    } else if (dash != std::string::npos) {
+      lo = parse_int(item.substr(0, dash), spec);
+      hi = parse_int(item.substr(dash + 1), spec);
+    } else {
+      lo = hi = parse_int(item, spec);
+    }
+    for (int i = lo; i <= hi; ++i) {
+      if (i >= visible)
+        throw ConfigError("devices: '" + spec + "' names cuda:" + std::to_string(i) + " but only " +
+                          std::to_string(visible) + " GPU(s) are visible");
+      for (int c = 0; c < copies; ++c) out.push_back({DeviceKind::cuda, i});
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 std::vector<Device> parse_devices(const std::string& spec) {
@@ -109,32 +143,10 @@ std::vector<Device> parse_devices(const std::string& spec) {
                           std::to_string(gpus.size()) + " GPU(s) are visible; start at most one process per GPU");
       return {{DeviceKind::cuda, local}};
     }
-    std::string list = spec.substr(5);
-    size_t start = 0;
-    while (start <= list.size()) {
-      size_t comma = list.find(',', start);
-      std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      auto dash = item.find('-');
-      int lo, hi;
-      if (dash != std::string::npos) {
-        lo = parse_int(item.substr(0, dash), spec);
-        hi = parse_int(item.substr(dash + 1), spec);
-      } else {
-        lo = hi = parse_int(item, spec);
-      }
-      for (int i = lo; i <= hi; ++i) {
-        if (i >= static_cast<int>(gpus.size()))
-          throw ConfigError("devices: '" + spec + "' names cuda:" + std::to_string(i) + " but only " +
-                            std::to_string(gpus.size()) + " GPU(s) are visible");
-        out.push_back({DeviceKind::cuda, i});
-      }
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    return out;
+    return parse_cuda_list(spec, static_cast<int>(gpus.size()));
   }
   throw ConfigError("devices: '" + spec + "' is not a device list; expected auto, cpu:N, cuda, " +
-                    "cuda:0,1 or cuda:0-3");
+                    "cuda:0,1, cuda:0-3 or cuda:0x2 (two replicas on GPU 0)");
 }
 
 }  // namespace replica

@@ -27,9 +27,13 @@ struct DeviceInfo {
 };
 
 // Parses a device list: "auto", "cpu", "cpu:N" (N virtual CPU devices), "cuda", "cuda:0,1",
-// "cuda:0-3", "cuda:local". "auto" means every visible GPU, or 2 CPU devices when there is none.
+// "cuda:0-3", "cuda:0x2" (parse_cuda_list), "cuda:local". "auto" means every visible GPU, or 2 CPU devices when there is none.
 // Throws ConfigError naming the text on anything else, and when a GPU index is not visible.
 std::vector<Device> parse_devices(const std::string& spec);
+// The GPUs of "cuda:LIST" with `visible` GPUs present: LIST is comma-separated items N (GPU N),
+// N-M (GPUs N to M) and NxK (K replicas on GPU N, ranks sharing it); a GPU may be named more than
+// once (cuda:0,0 is cuda:0x2). A GPU past the visible ones is a ConfigError.
+std::vector<Device> parse_cuda_list(const std::string& spec, int visible);
 // The canonical spelling of a device list: "cpu:2", "cuda:0,1" (what "auto" resolved to).
 std::string devices_str(const std::vector<Device>& devices);
 

@@ -57,4 +57,13 @@ class TrainingError : public Error {
   using Error::Error;
 };
 
+// A stop that a restart gets past with other resources: fewer replicas left after a shrink than
+// parallel.min_replicas (the lost device back, or a lower minimum, continues from the checkpoint
+// written at the stop). The command exits 75 (EX_TEMPFAIL), as for a lost peer, so restart loops
+// and schedulers try again instead of giving up on a configuration error.
+class RestartableError : public TrainingError {
+ public:
+  using TrainingError::TrainingError;
+};
+
 }  // namespace replica

@@ -63,10 +63,13 @@ class Communicator {
   // all-reduce, all processes on one machine): the pools then take memory those processes can
   // map (PoolOptions::shared_across_processes).
   virtual bool maps_peer_buffers() const { return false; }
-  // True when a CUDA graph captured on a replica's compute stream holds these collectives as its
-  // own nodes (NCCL's kernels); false for host communicators and for device buffers staged
-  // through the host, whose copies and host waits no graph can hold.
-  virtual bool captured_by_cuda_graphs() const { return false; }
+  // "" when a CUDA graph captured on a replica's compute stream holds these collectives as its
+  // own nodes (NCCL's kernels, from a loaded NCCL that can be captured); else why not: host
+  // communicators and device buffers staged through the host have copies and host waits no graph
+  // can hold.
+  virtual std::string cuda_graph_refusal() const {
+    return "the collectives of " + name() + " are not CUDA work a graph can hold";
+  }
   // Where work captured with these collectives (a CUDA graph, a CPU recording) registers its
   // release: the group's abort and destruction release it first (parallel/capture_holds.h). Null
   // when nothing of the group's survives in captured work.

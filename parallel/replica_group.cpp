@@ -62,13 +62,36 @@ bool shares_a_gpu(const std::vector<Device>& devices) {
   return false;
 }
 
-// NCCL refuses a GPU twice in one communicator: several replicas on one GPU (testing the
-// multi-replica GPU path on one device) reduce through the host instead.
+// Several replicas on one GPU (the multi-GPU paths run on a one-GPU machine): NCCL ranks sharing
+// the GPU where the loaded NCCL allows it (2.30+, NCCL_MULTI_RANK_GPU_ENABLE), else collectives
+// staged through host memory. Ranks that are threads of one process share its CUDA context, so
+// their kernels run side by side; under MPI each process would need MPS, so that stays refused.
+// REPLICA_SHARED_GPU=staged keeps the host staging on any NCCL.
+bool shared_gpu_over_nccl() {
+  const char* v = std::getenv("REPLICA_SHARED_GPU");
+  const std::string how = v ? v : "";
+  if (!how.empty() && how != "nccl" && how != "staged")
+    throw ConfigError("REPLICA_SHARED_GPU=" + how + ": expected nccl or staged");
+  return how != "staged" && nccl_shares_gpus();
+}
+
+std::vector<std::unique_ptr<Communicator>> shared_gpu_nccl(int n, const std::vector<Device>& devices,
+                                                           const std::vector<Stream*>& streams, NcclOptions no) {
+  // NVIDIA's own multi-rank tests on one GPU: no NVLink SHARP, and few CTAs a rank so that the
+  // ranks' kernels fit on the GPU together. A value the user set is kept.
+  setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 0);
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  setenv("NCCL_MAX_CTAS", "2", 0);
+  log_info("parallel.devices: ", n, " replicas share GPUs (", devices_str(devices), "): ", nccl_version(),
+           " with ranks sharing a GPU (NCCL_MULTI_RANK_GPU_ENABLE=", std::getenv("NCCL_MULTI_RANK_GPU_ENABLE"),
+           ", NCCL_NVLS_ENABLE=", std::getenv("NCCL_NVLS_ENABLE"), ", NCCL_MAX_CTAS=", std::getenv("NCCL_MAX_CTAS"),
+           "); this tests ordering, pairing and failure handling, not link speed");
+  return make_nccl_communicators(devices, streams, no);
+}
+
 std::vector<std::unique_ptr<Communicator>> staged_gpu_communicators(int n, const GroupOptions& opts) {
-  if (launched_by_mpi())
-    throw ConfigError("parallel.devices: several replicas on one GPU work within one process only, not under MPI");
-  log_info("parallel.devices: ", n, " replicas share GPUs: collectives are staged through host memory "
-           "(for testing; NCCL takes one replica per GPU)");
+  log_info("parallel.devices: ", n, " replicas share GPUs: collectives are staged through host memory (",
+           nccl_version(), " is loaded; NCCL ranks sharing a GPU need NCCL 2.30 or later)");
   HostCommOptions co;
   co.timeout = opts.comm_timeout;
   std::vector<std::unique_ptr<Communicator>> out;
@@ -125,6 +148,13 @@ ReplicaGroup::ReplicaGroup(const std::vector<Device>& devices, GroupOptions opts
   if (cuda_count == 1 && !launched_by_mpi() && opts.solo_single_gpu) {
     // One GPU, one process: nothing to communicate, so no NCCL (nor its start-up) is needed.
     comms.push_back(make_solo_communicator());
+  } else if (cuda_count && shares_a_gpu(devices) && launched_by_mpi()) {
+    throw ConfigError("parallel.devices: several replicas on one GPU work within one process only, not under MPI");
+  } else if (cuda_count && shares_a_gpu(devices) && shared_gpu_over_nccl()) {
+    NcclOptions no;
+    no.timeout = opts.comm_timeout;
+    comms = shared_gpu_nccl(n, devices, stream_ptrs, no);
+    if (opts.latency_lane) lanes = latency_lanes(devices, stream_ptrs, no);
   } else if (cuda_count && shares_a_gpu(devices)) {
     comms = staged_gpu_communicators(n, opts);
   } else if (cuda_count) {

@@ -20,6 +20,9 @@ class StagedCommunicator : public Communicator {
   int size() const override { return host_->size(); }
   std::string name() const override { return host_->name() + " (host-staged)"; }
   bool device_buffers() const override { return true; }
+  std::string cuda_graph_refusal() const override {
+    return "the collectives of " + name() + " are staged through host memory: a graph cannot hold them";
+  }
 
   WorkHandle all_reduce_async(void* d, size_t n, DType t, ReduceOp op) override {
     char* h = stage(d, n * dtype_size(t), 0);

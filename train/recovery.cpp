@@ -227,9 +227,10 @@ bool Trainer::shrink_to_survivors(const parallel::ReplicaError& e, FitLoop& loop
                                   "; resume with --resume " + cfg_.train.run_dir;
   if (r.world_after < cfg_.parallel.min_replicas) {
     writer.wait();
-    throw TrainingError(r.cause + "; " + std::to_string(r.world_after) + " replica(s) left, fewer than " +
-                        "parallel.min_replicas " + std::to_string(cfg_.parallel.min_replicas) + ": stopped." +
-                        resume_hint + " on the devices that are left");
+    throw RestartableError(r.cause + "; " + std::to_string(r.world_after) + " replica(s) left, fewer than " +
+                           "parallel.min_replicas " + std::to_string(cfg_.parallel.min_replicas) + ": stopped." +
+                           resume_hint + " once the lost device is back, or on the devices that are left with a "
+                           "lower parallel.min_replicas");
   }
 
   // 4. The group again, on the survivors, resumed from that checkpoint. The old group goes first

@@ -74,9 +74,8 @@ ReplicaStep::ReplicaStep(parallel::Replica& replica, nn::Model& model, optim::Op
 
 std::string cuda_graph_ineligible(const StepOptions& o, const parallel::Replica& replica) {
   if (replica.world() > 1 && replica.device().kind == DeviceKind::cuda) {
-    if (!replica.comm().captured_by_cuda_graphs() || !replica.lane().captured_by_cuda_graphs())
-      return "the collectives of " + replica.comm().name() +
-             " are staged through host memory (several replicas on one GPU): a graph cannot hold them";
+    for (const parallel::Communicator* c : {&replica.comm(), &replica.lane()})
+      if (std::string why = c->cuda_graph_refusal(); !why.empty()) return why;
     if (o.cuda_graph == "auto")
       return "more than one GPU: no multi-GPU run has checked the captured NCCL collectives yet; "
              "train.cuda_graph: on captures them";

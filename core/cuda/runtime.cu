@@ -315,7 +315,10 @@ void CapturedGraph::end() {
     throw CudaError(std::string("CUDA graph capture failed: ") + cudaGetErrorString(e));
   }
   m.graph = g;
-  const cudaError_t ie = cudaGraphInstantiate(&m.exec, m.graph, 0);
+  // Node priorities as captured: sync-BN's latency lane (a high-priority stream) keeps its
+  // precedence over the gradient buckets in every replay, as it has eagerly. Without the flag a
+  // replay launches every node at the graph's default priority.
+  const cudaError_t ie = cudaGraphInstantiate(&m.exec, m.graph, cudaGraphInstantiateFlagUseNodePriority);
   if (ie != cudaSuccess) {
     m.exec = nullptr;
     m.drop();

@@ -200,9 +200,7 @@ CudaBackend::SegmentTable CudaBackend::upload_segments(const std::vector<std::pa
   if (const int64_t* kept = kept_table(segments)) return {kept, extra ? ts.get_scratch(extra) : nullptr};
   // A copy from this call's host vector would sit in a captured graph and read freed memory at
   // every replay: a table first seen inside a capture fails it (train.cuda_graph then runs eagerly).
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  REPLICA_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
-  if (cs != cudaStreamCaptureStatusNone)
+  if (capturing())
     throw CudaError(std::string(who) + ": a segment table not kept before the CUDA graph capture (" +
                     std::to_string(segments.size()) + " segments); the eager steps before it keep the step's tables");
   const std::vector<int64_t> oc = flatten(segments);
@@ -229,9 +227,7 @@ const int64_t* CudaBackend::kept_table(const std::vector<std::pair<int64_t, int6
   auto& ts = state();
   for (const auto& t : ts.segment_tables)
     if (t.first == segments) return t.second;
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  REPLICA_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
-  if (ts.segment_tables.size() >= ThreadState::kKeptSegmentTables || cs != cudaStreamCaptureStatusNone) return nullptr;
+  if (ts.segment_tables.size() >= ThreadState::kKeptSegmentTables || capturing()) return nullptr;
   const std::vector<int64_t> oc = flatten(segments);
   const size_t bytes = std::max<size_t>(1, oc.size()) * sizeof(int64_t);
   int64_t* d = nullptr;

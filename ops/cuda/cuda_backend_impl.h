@@ -84,6 +84,15 @@ inline cudaStream_t stream() {
   return s ? static_cast<cudaStream_t>(s->native()) : nullptr;
 }
 
+// Whether this thread's stream is being captured into a CUDA graph (train.cuda_graph): what
+// must not happen inside a capture (a copy from a pageable host buffer, which every replay would
+// read after it is freed; cuDNN's timed algorithm search; growing a buffer) checks it first.
+inline bool capturing() {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  REPLICA_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
+  return cs != cudaStreamCaptureStatusNone;
+}
+
 // TF32 for f32 convolutions and GEMMs (PyTorch's default for cuDNN convolutions) only when asked:
 // f32 runs are the ones compared against the CPU backend.
 inline bool allow_tf32() { return env_flag("REPLICA_ALLOW_TF32"); }
@@ -165,9 +174,7 @@ struct ThreadState {
     if (bytes > scratch_bytes) {
       // Growing inside a CUDA graph capture would make the scratch a graph allocation, invalid
       // outside the graph: the capture fails instead (train.cuda_graph captures after warm-up).
-      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-      REPLICA_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
-      if (cs != cudaStreamCaptureStatusNone)
+      if (capturing())
         throw CudaError("the CUDA backend's scratch would grow to " + format_bytes(bytes) +
                         " inside a CUDA graph capture; the step before the capture should have grown it");
       ++epoch;

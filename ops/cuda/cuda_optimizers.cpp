@@ -49,6 +49,12 @@ void CudaBackend::lars_trust_ratios(const Tensor& params, const Tensor& grads,
   const int nc = static_cast<int>(chunks.size());
   const int64_t* c = kept_table(chunks);
   const int64_t* r = kept_table(runs);
+  // A table staged from this call's host vectors would sit in a captured graph and read freed
+  // memory at every replay (upload_segments refuses the same): the eager steps before a capture
+  // keep the step's tables, so a table not kept by then fails the capture (graphs go off, saying so).
+  if ((!c || !r) && capturing())
+    throw CudaError("lars_trust_ratios: a table of " + std::to_string(chunks.size()) +
+                    " chunks not kept before the CUDA graph capture; the eager steps before it keep the step's tables");
   // The partial sums, and any table that could not be kept, staged in one scratch region.
   const size_t part_bytes = std::max<size_t>(1, 2 * chunks.size()) * sizeof(double);
   const size_t cb = c ? 0 : 2 * chunks.size() * sizeof(int64_t), rb = r ? 0 : 2 * runs.size() * sizeof(int64_t);

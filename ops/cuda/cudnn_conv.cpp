@@ -122,7 +122,13 @@ void choose(ConvPlan& p, int dir, MemoryPool& pool, const ConvGeom& g, const cha
   Perf perf[Count];
   int n = 0;
   size_t cap = workspace_cap();
-  if (use_find() && !deterministic()) {
+  // Inside a CUDA graph capture (a shape first seen there) nothing can be timed: cuDNN's ranking
+  // chooses, and the capture goes on instead of failing (train.cuda_graph).
+  const bool in_capture = capturing();
+  if (in_capture)
+    log_info("cuDNN: ", what, " algorithm for ", geom_str(g),
+             " chosen by cuDNN's ranking inside a CUDA graph capture (no timing there)");
+  if (use_find() && !deterministic() && !in_capture) {
     Tensor ws = find_workspace(pool, cap);
     cap = ws.defined() ? ws.nbytes() : 0;
     find(perf, &n, ws.defined() ? ws.raw() : nullptr, cap);
@@ -142,7 +148,9 @@ void run_conv(ConvPlan& p, int dir, MemoryPool& pool, const ConvGeom& g, Call&& 
     try {
       ws = Tensor::empty(pool, {static_cast<int64_t>(p.ws[dir])}, DType::u8, MemTag::workspace);
     } catch (const OutOfMemoryError&) {
-      if (p.fallback[dir] < 0) throw;
+      // Inside a capture the pool is the graph's private one: its shortfall fails the capture
+      // (graphs off, saying why) and leaves the plan as chosen, never switching it for good.
+      if (p.fallback[dir] < 0 || capturing()) throw;
       log_warn("cuDNN: no room for a ", format_bytes(p.ws[dir]), " workspace for ", geom_str(g),
                "; using an algorithm without one (slower)");
       algo = p.fallback[dir];

@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device_guard.h"
@@ -31,6 +33,29 @@ bool nccl_has_comm_shrink() {
 #else
   return false;
 #endif
+}
+
+int nccl_loaded_version() {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
+bool nccl_shares_gpus() { return nccl_loaded_version() >= 23000; }
+
+std::string nccl_sharing_report() {
+  if (nccl_shares_gpus())
+    return "replicas sharing a GPU (cuda:0x2) run as NCCL ranks on it (NCCL_MULTI_RANK_GPU_ENABLE)";
+  return "replicas sharing a GPU (cuda:0x2) stage their collectives through host memory (NCCL ranks sharing a GPU "
+         "need NCCL 2.30 or later)";
+}
+
+std::string nccl_graph_refusal() {
+  // The library loaded at run time decides, not the header built against: a process may load
+  // an older libnccl than the toolkit's (LD_LIBRARY_PATH, a Python wheel's copy).
+  constexpr int kMin = 20906;  // NCCL 2.9.6: collectives captured in CUDA graphs
+  const int v = nccl_loaded_version();
+  if (v >= kMin) return "";
+  return nccl_version() + " is loaded; capturing its collectives in a CUDA graph needs NCCL 2.9.6 or later";
 }
 
 std::string nccl_version() {
@@ -165,6 +190,39 @@ class NcclWork : public Work {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// Inside a CUDA graph capture, NCCL_LAUNCH_ORDER_IMPLICIT does not order two communicators'
+// kernels on a GPU (it orders launches; a graph's independent branches have none): a gradient
+// bucket forked onto one communicator's stream and sync-BN's collectives on the latency lane would
+// be parallel branches, which two GPUs may start in different orders and deadlock. So while a
+// replica's compute stream is captured, each collective of any of its communicators waits for the
+// one issued before it (the host's issue order, the same on every rank), one chain per capture.
+class CaptureChains {
+ public:
+  // `done` is the last collective issued for `compute` in capture `id`.
+  void extend(cudaStream_t compute, unsigned long long id, cudaEvent_t done) {
+    std::lock_guard<std::mutex> lock(m_);
+    links_[compute] = {id, done};
+  }
+  // The last collective issued for `compute` in capture `id`, or null.
+  cudaEvent_t last(cudaStream_t compute, unsigned long long id) {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto it = links_.find(compute);
+    return it != links_.end() && it->second.id == id ? it->second.last : nullptr;
+  }
+
+ private:
+  struct Link {
+    unsigned long long id = 0;
+    cudaEvent_t last = nullptr;
+  };
+  std::mutex m_;
+  std::unordered_map<cudaStream_t, Link> links_;
+};
+CaptureChains& capture_chains() {
+  static CaptureChains chains;
+  return chains;
+}
+
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(std::shared_ptr<NcclClique> clique, int member, int rank, int world, cudaStream_t compute,
@@ -198,7 +256,7 @@ class NcclCommunicator : public Communicator {
   int size() const override { return world_; }
   std::string name() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
-  bool captured_by_cuda_graphs() const override { return true; }
+  std::string cuda_graph_refusal() const override { return nccl_graph_refusal(); }
   CaptureHolds* capture_holds() override { return &clique_->state->capture_holds(); }
   // Aborts every communicator of this process's group (NCCL needs all ranks aborted); later
   // calls on any of them are CommErrors naming their rank.
@@ -278,14 +336,24 @@ class NcclCommunicator : public Communicator {
   void begin(const char* what) {
     clique_->state->check(rank_, std::string("NCCL ") + what);
     cuda::DeviceGuard g(device_);
+    capture_id_ = 0;
     if (compute_) {
       REPLICA_CUDA_CHECK(cudaEventRecord(after_compute_, compute_));
       REPLICA_CUDA_CHECK(cudaStreamWaitEvent(stream_, after_compute_, 0));
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      unsigned long long id = 0;
+      REPLICA_CUDA_CHECK(cudaStreamGetCaptureInfo(compute_, &cs, &id));
+      if (cs == cudaStreamCaptureStatusActive) {  // after the collective issued before it (CaptureChains)
+        capture_id_ = id;
+        if (cudaEvent_t before = capture_chains().last(compute_, id))
+          REPLICA_CUDA_CHECK(cudaStreamWaitEvent(stream_, before, 0));
+      }
     }
   }
   WorkHandle end(const char* what) {
     cudaEvent_t e = done_[next_++ % kEvents];
     REPLICA_CUDA_CHECK(cudaEventRecord(e, stream_));
+    if (capture_id_) capture_chains().extend(compute_, capture_id_, e);
     return std::make_shared<NcclWork>(comm_, e, device_, clique_->state, rank_, o_.timeout, what);
   }
 
@@ -296,6 +364,7 @@ class NcclCommunicator : public Communicator {
   cudaStream_t compute_, stream_ = nullptr;
   NcclOptions o_;
   float* scratch_ = nullptr;
+  unsigned long long capture_id_ = 0;  // the capture the collective being issued belongs to (0: none)
   cudaEvent_t after_compute_ = nullptr;
   cudaEvent_t done_[kEvents] = {};
   uint64_t next_ = 0;

@@ -19,6 +19,16 @@ namespace replica::parallel {
 bool nccl_compiled();
 // The NCCL version this process loaded ("NCCL 2.28.9"), or "NCCL: not built".
 std::string nccl_version();
+// The NCCL version this process loaded as NCCL_VERSION_CODE reads (2.30.7 = 23007), 0 when unknown.
+int nccl_loaded_version();
+// Whether the loaded NCCL lets several ranks of one communicator share a GPU (2.30 and later,
+// with NCCL_MULTI_RANK_GPU_ENABLE=1, which ReplicaGroup sets for replicas sharing a GPU).
+bool nccl_shares_gpus();
+// One line for `replica devices` and `--version`: whether replicas sharing a GPU (cuda:0x2) run
+// NCCL ranks on it or stage their collectives through host memory, and why.
+std::string nccl_sharing_report();
+// "" when the loaded NCCL's collectives can be captured in a CUDA graph (2.9.6 and later), else why not.
+std::string nccl_graph_refusal();
 // Whether the NCCL built against offers ncclCommShrink (2.27+): a communicator rebuilt without a
 // lost rank in place. replica does not use it yet: across processes a lost rank is a restart
 // from the checkpoint (train/recovery.h); `replica --version` says which is available.

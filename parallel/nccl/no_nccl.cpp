@@ -6,6 +6,10 @@ namespace replica::parallel {
 
 bool nccl_compiled() { return false; }
 std::string nccl_version() { return "NCCL: not built"; }
+int nccl_loaded_version() { return 0; }
+bool nccl_shares_gpus() { return false; }
+std::string nccl_sharing_report() { return "no NCCL in this build"; }
+std::string nccl_graph_refusal() { return "NCCL: not built"; }
 bool nccl_has_comm_shrink() { return false; }
 bool nccl_orders_communicators() { return false; }
 

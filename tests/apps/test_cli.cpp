@@ -176,6 +176,23 @@ TEST(Cli, CudaGraphSettingsAreCheckedAndAutoStaysEagerOnCpu) {
   EXPECT_EQ(r.out.find("cuda_graph"), std::string::npos) << r.out;
 }
 
+// Fewer replicas left after a shrink than parallel.min_replicas: the run checkpoints and stops
+// with exit 75, the restartable status (the lost device back, or a lower minimum, continues), not 1.
+TEST(Cli, TooFewReplicasAfterAShrinkExitsRestartable) {
+  const std::string dir = ::testing::TempDir() + "/cli_min_replicas";
+  std::filesystem::remove_all(dir);
+  const std::string args = " --devices cpu:2 --set model.width=4 --set data.dataset=synthetic --set data.synthetic_size=256"
+                           " --set data.synthetic_shape=[8,8,1] --set data.mean=[0.5] --set data.std=[0.25]"
+                           " --set train.global_batch=32 --set train.max_steps=6 --set train.eval=false"
+                           " --set parallel.on_replica_failure=shrink --set parallel.min_replicas=2 --run-dir " + dir;
+  setenv("REPLICA_FAULT", "replica:1:step:3", 1);
+  const Result r = run("train" + args);
+  unsetenv("REPLICA_FAULT");
+  EXPECT_EQ(r.code, 75) << r.out;
+  EXPECT_NE(r.out.find("parallel.min_replicas 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exit 75: restartable"), std::string::npos) << r.out;
+}
+
 // A command line that does not parse is a usage error like a bad configuration: exit 2 with a line
 // naming the option (CLI11's own codes, 105 and up, are not what scripts expect); --help exits 0.
 TEST(Cli, UsageErrorsExitWith2AndNameTheOption) {

@@ -7,6 +7,33 @@
 
 using namespace replica;
 
+// GPU lists, without a GPU: ranges, repeats (ranks sharing a GPU) and NxK, each a named error when
+// it names a GPU that is not there or asks for no replica.
+TEST(Devices, ParseGpuLists) {
+  auto same = [](const std::vector<Device>& d, std::vector<int> want) {
+    std::vector<int> got;
+    for (const Device& x : d) {
+      EXPECT_EQ(x.kind, DeviceKind::cuda);
+      got.push_back(x.index);
+    }
+    return got == want;
+  };
+  EXPECT_TRUE(same(parse_cuda_list("cuda:0,1", 2), {0, 1}));
+  EXPECT_TRUE(same(parse_cuda_list("cuda:0-3", 4), {0, 1, 2, 3}));
+  EXPECT_TRUE(same(parse_cuda_list("cuda:0,0", 1), {0, 0}));
+  EXPECT_TRUE(same(parse_cuda_list("cuda:0x4", 1), {0, 0, 0, 0}));
+  EXPECT_TRUE(same(parse_cuda_list("cuda:0x2,1x2", 2), {0, 0, 1, 1}));
+  EXPECT_EQ(devices_str(parse_cuda_list("cuda:0x2", 1)), "cuda:0,0");
+  for (const char* bad : {"cuda:2x2", "cuda:0x0", "cuda:0x65", "cuda:0xq", "cuda:2", "cuda:0-2"}) {
+    try {
+      parse_cuda_list(bad, 2);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << "names the value: " << e.what();
+    }
+  }
+}
+
 TEST(Devices, ParseCpuLists) {
   auto d = parse_devices("cpu:3");
   ASSERT_EQ(d.size(), 3u);

@@ -29,6 +29,7 @@
 #include "ops/cpu/isa.h"
 #include "ops/models/resnet.h"
 #include "optim/optimizer.h"
+#include "parallel/nccl/nccl_communicator.h"
 #include "support/bit_identical.h"
 #include "support/compare.h"
 #include "support/host_sync_probe.h"
@@ -1039,11 +1040,13 @@ TEST(CudaTraining, GraphedStepsAreBitIdenticalToEagerOnes) {
   }
 }
 
-// train.cuda_graph with peers on GPUs. Two replicas sharing one GPU reduce through host memory,
-// which no graph can hold: `on` is an error saying so, `auto` stays eager. Over NCCL (two GPUs)
-// `on` captures the collectives with the step, and a deterministic graphed run is the eager run
-// byte for byte; `auto` stays eager until a multi-GPU run has checked that capture. The same
-// mechanism with recorded collectives on CPU replicas: StepGraph.Peers... in test_step_graph.cpp.
+// train.cuda_graph with peers on GPUs. Two replicas sharing one GPU run as NCCL ranks on it where the
+// loaded NCCL allows (2.30+, NCCL_MULTI_RANK_GPU_ENABLE): `on` captures their collectives with the
+// step and a deterministic graphed run is the eager run byte for byte, as over two GPUs. With an
+// older NCCL they reduce through host memory, which no graph can hold: `on` is an error saying
+// so. `auto` stays eager with several GPU replicas until a multi-GPU run has checked that capture.
+// The same mechanism with recorded collectives on CPU replicas: StepGraph.Peers... in
+// test_step_graph.cpp.
 TEST(CudaTraining, GraphsWithPeers) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device present";
   const std::vector<std::string> extra = {"train.deterministic=true", "optim.schedule=cosine", "parallel.bucket_mb=0.1",
@@ -1054,13 +1057,21 @@ TEST(CudaTraining, GraphsWithPeers) {
     e.push_back("train.cuda_graph=" + mode);
     return gpu_run_sets(devices, "fp16", 6, dir, e);
   };
-  try {
-    gpu_run(with("cuda:0,0", "on", "peers_staged_on"));
-    ADD_FAILURE() << "train.cuda_graph: on ran with host-staged collectives";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("staged through host memory"), std::string::npos) << e.what();
+  if (parallel::nccl_shares_gpus()) {
+    const GpuRun eager = gpu_run(with("cuda:0x2", "off", "peers_shared_off"));
+    const GpuRun on = gpu_run(with("cuda:0x2", "on", "peers_shared_on"));
+    EXPECT_EQ(on.graph_replays, 4) << on.graph_summary;
+    expect_bit_identical(eager, on, "fp16 on 2 NCCL ranks sharing one GPU, train.cuda_graph=on against off");
+    std::printf("  2 NCCL ranks on one GPU, train.cuda_graph=on: %s\n", on.graph_summary.c_str());
+  } else {
+    try {
+      gpu_run(with("cuda:0,0", "on", "peers_staged_on"));
+      ADD_FAILURE() << "train.cuda_graph: on ran with host-staged collectives";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("staged through host memory"), std::string::npos) << e.what();
+    }
   }
-  EXPECT_EQ(gpu_run(with("cuda:0,0", "auto", "peers_staged_auto")).graph_replays, -1);
+  EXPECT_EQ(gpu_run(with("cuda:0,0", "auto", "peers_shared_auto")).graph_replays, -1);
   if (cuda_devices().size() < 2) GTEST_SKIP() << "NCCL's collectives inside a graph: needs two GPUs";
   const GpuRun eager = gpu_run(with("cuda:0,1", "off", "peers_nccl_off"));
   const GpuRun on = gpu_run(with("cuda:0,1", "on", "peers_nccl_on"));

@@ -3,8 +3,12 @@
 // communicator's tests do. With one GPU the group has one rank and every reduction is the
 // identity: those runs check the plumbing (copies, sizes, dtypes, errors); the reductions
 // themselves (sums of different values, gather order, scatter blocks, the time-out) are tested
-// only with two or more GPUs, and the tests say which checks need them.
+// only with two or more ranks, and the tests say which checks need them. REPLICA_TEST_CUDA_DEVICES
+// names the group's devices (default: every GPU): cuda:0x2 runs two NCCL ranks on one GPU (NCCL
+// 2.30+, scripts/gpu-check.sh's peers phase), which exercises all of it on a one-GPU machine.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 
 #include "core/captured_work.h"
 #include "core/tensor.h"
@@ -24,6 +28,11 @@ class Nccl : public ::testing::Test {
 };
 
 namespace {
+// The devices of every group here: every GPU, or REPLICA_TEST_CUDA_DEVICES (cuda:0x2: two ranks on GPU 0).
+std::vector<Device> test_devices() {
+  const char* v = std::getenv("REPLICA_TEST_CUDA_DEVICES");
+  return parse_devices(v && *v ? v : "cuda");
+}
 // Counts the elements of `got` that differ from want(i), naming the first in `first`.
 template <class F>
 int64_t count_wrong(const std::vector<float>& got, F want, size_t* first) {
@@ -42,7 +51,7 @@ TEST_F(Nccl, CollectivesOnDeviceBuffers) {
   o.cuda_pool.mode = AllocatorMode::growth;
   o.cuda_pool.bytes = size_t(256) << 20;
   o.solo_single_gpu = false;  // NCCL even on one GPU
-  ReplicaGroup group(parse_devices("cuda"), o);
+  ReplicaGroup group(test_devices(), o);
   const int world = group.world();
   if (world < 2) std::printf("one GPU: every reduction below is the identity (two GPUs test the sums)\n");
   const Device cpu{DeviceKind::cpu, 0};
@@ -119,7 +128,7 @@ GroupOptions small_pools() {
 // The host communicator's dtype and layout assertions, on NCCL: f16/bf16 sums (small integers,
 // exact in 16 bits), all-gather and reduce-scatter contents, odd sizes.
 TEST_F(Nccl, SixteenBitReductionsAndGatherScatterContents) {
-  ReplicaGroup group(parse_devices("cuda"), small_pools());
+  ReplicaGroup group(test_devices(), small_pools());
   const int world = group.world();
   group.run([&](Replica& rep) {
     const int r = rep.rank();
@@ -162,7 +171,7 @@ TEST_F(Nccl, SixteenBitReductionsAndGatherScatterContents) {
 // new inputs with what the eager calls give; Communicator::stream_work after a replay waits for
 // it (the step's read polls it in place of the capture's handles).
 TEST_F(Nccl, CollectivesCapturedInACudaGraphReplayOverNewInputs) {
-  ReplicaGroup group(parse_devices("cuda"), small_pools());
+  ReplicaGroup group(test_devices(), small_pools());
   const int world = group.world();
   group.run([&](Replica& rep) {
     const int r = rep.rank();
@@ -202,7 +211,7 @@ TEST_F(Nccl, CollectivesCapturedInACudaGraphReplayOverNewInputs) {
 // What the trainer does with host numbers on GPU replicas (losses, stop votes, checkpoints):
 // psum and all_gather on host memory stage through the device; on device memory they do not.
 TEST_F(Nccl, ReplicaHelpersTakeHostAndDevicePointers) {
-  ReplicaGroup group(parse_devices("cuda"), small_pools());
+  ReplicaGroup group(test_devices(), small_pools());
   const int world = group.world();
   group.run([&](Replica& rep) {
     const int r = rep.rank();
@@ -228,7 +237,7 @@ TEST_F(Nccl, ReplicaHelpersTakeHostAndDevicePointers) {
 // abort) instead of hanging.
 TEST_F(Nccl, AbortAndTimeOutNameTheRank) {
   {
-    ReplicaGroup group(parse_devices("cuda"), small_pools());
+    ReplicaGroup group(test_devices(), small_pools());
     group.run([&](Replica& rep) {
       rep.comm().abort("test");
       Tensor t = up(rep, {1.f}, DType::f32);
@@ -240,10 +249,10 @@ TEST_F(Nccl, AbortAndTimeOutNameTheRank) {
       }
     });
   }
-  if (cuda_devices().size() < 2) GTEST_SKIP() << "the time-out case needs two GPUs";
+  if (test_devices().size() < 2) GTEST_SKIP() << "the time-out case needs two GPUs (or REPLICA_TEST_CUDA_DEVICES=cuda:0x2)";
   GroupOptions o = small_pools();
   o.comm_timeout = std::chrono::seconds(3);
-  ReplicaGroup group(parse_devices("cuda"), o);
+  ReplicaGroup group(test_devices(), o);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     group.run([&](Replica& rep) {
@@ -267,7 +276,7 @@ TEST_F(Nccl, UnevenReduceScatterAndAllGatherOnDeviceBuffers) {
   o.cuda_pool.mode = AllocatorMode::growth;
   o.cuda_pool.bytes = size_t(64) << 20;
   o.solo_single_gpu = false;
-  ReplicaGroup group(parse_devices("cuda"), o);
+  ReplicaGroup group(test_devices(), o);
   const int world = group.world();
   const size_t n = 100003;
   std::vector<size_t> bounds{0};
