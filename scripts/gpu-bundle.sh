@@ -6,7 +6,7 @@
 # test binary per CUDA mutant of tests/mutate/mutations.txt ("device: cuda"; built with the
 # mutation applied, which the check expects to fail). CUDA's own libraries (cudart, NCCL, cuBLAS,
 # cuDNN) are not packed: the GPU machine has them (system CUDA or Python's nvidia-* wheels;
-# scripts/gpu-check.sh finds them).
+# scripts/gpu-check.sh finds them); NCCL 2.30 for the check's peers phase comes from ../shared/nccl.
 #   scripts/gpu-bundle.sh [ARCH=90] [OUT_DIR=gpu-bundle]      (REPLICA_BUNDLE_MUTANTS=0: none)
 # It also writes OUT_DIR.tar.xz, the same folder compressed.
 set -euo pipefail
@@ -64,6 +64,22 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done
+# NCCL 2.30.7 for the check's peers phase (ranks sharing the GPU; the machines carry 2.28.9): the
+# small sm_90 build of ../shared/nccl (its README says how it was built), checked against its
+# SHA256SUMS and unpacked into nccl/, which only that phase puts on the library path.
+nccl_dir="${REPLICA_NCCL_DIR:-$(cd .. && pwd)/shared/nccl}"
+if [ -f "$nccl_dir/libnccl.so.2.xz" ]; then
+  (cd "$nccl_dir" && grep ' libnccl.so.2.xz$' SHA256SUMS | sha256sum -c --quiet) ||
+    { echo "gpu-bundle: $nccl_dir/libnccl.so.2.xz fails its SHA256SUMS" >&2; exit 1; }
+  mkdir -p "$out/nccl"
+  xz -dc "$nccl_dir/libnccl.so.2.xz" > "$out/nccl/libnccl.so.2"
+  want=$(awk '$2 == "libnccl.so.2" {print $1}' "$nccl_dir/SHA256SUMS")
+  [ -z "$want" ] || [ "$(sha256sum < "$out/nccl/libnccl.so.2" | cut -d' ' -f1)" = "$want" ] ||
+    { echo "gpu-bundle: the unpacked libnccl.so.2 does not match SHA256SUMS" >&2; exit 1; }
+  echo "gpu-bundle: NCCL for the peers phase from $nccl_dir"
+else
+  echo "gpu-bundle: no $nccl_dir/libnccl.so.2.xz (REPLICA_NCCL_DIR): the check's peers phase will fail, naming it" >&2
+fi
 # One compressed file too: the binaries share their CUDA fat binaries, which xz stores once (the
 # folder is ~60 MB, the archive about 35 MB, most of it the already-compressed Fashion-MNIST).
 tar cJf "$out.tar.xz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -5,6 +5,8 @@
 # accuracy and time, two deterministic runs compared with cmp, ResNet-50 (fp16/bf16, batch 256
 # and 32) beside PyTorch AMP channels_last, ResNet-20 beside JAX, what train.deterministic costs,
 # and replica plan's one-GPU prediction beside bench train, all on the same GPU in the same run.
+# Then the peers phase: every multi-GPU path with 2-4 NCCL ranks on the one GPU (NCCL 2.30 from the
+# bundle), failures at every site with graphs on and off, and a rank that never joins.
 # Prints each phase's time and writes a summary (the verdict, then a table the figures can be
 # copied from) to $OUT/gpu-summary.txt when $OUT is set. Works from a bundle (scripts/gpu-bundle.sh, for machines without build tools: CUDA
 # libraries come from the system or from Python's nvidia-* wheels) or from a source checkout with
@@ -104,6 +106,85 @@ test_phase input-stager 30 "$tests/test_input_stager"
 phase nccl-allreduce-bench 60 "$bin/replica" bench allreduce --devices cuda -b 8 -e 256M -f 4
 test_phase conformance 240 "$tests/test_cuda_conformance"
 grep -E '^  (one step|deterministic|ResNet-20 fp32 3 steps)' /tmp/phase-conformance.log > /tmp/conformance-figures.txt || true
+
+# ---- peers: the multi-GPU paths with several NCCL ranks on this one GPU ---------------------------
+# NCCL 2.30+ lets ranks of one communicator share a GPU (NCCL_MULTI_RANK_GPU_ENABLE; replica sets it
+# with NCCL_NVLS_ENABLE=0 and NCCL_MAX_CTAS=2 for replicas named cuda:0x2). The bundle carries NCCL
+# 2.30.7 in nccl/ (scripts/gpu-bundle.sh, from ../shared/nccl); only this phase loads it. What it
+# proves: ordering, pairing and failure handling of every NCCL path; not NVLink speed (the
+# allreduce figures below are two ranks sharing one GPU's memory, not a link).
+peers_lib="$here/nccl"
+[ -d "$peers_lib" ] || peers_lib="$root/build-gpu/nccl"
+data="$root/data/fashion-mnist"
+[ -d "$data" ] || data=/usr/share/datasets/fashion-mnist
+peer() {  # peer NAME SECONDS command...: with the bundle's NCCL first on the library path
+  local name="$1" limit="$2"; shift 2
+  LD_LIBRARY_PATH="$peers_lib:$LD_LIBRARY_PATH" phase "$name" "$limit" "$@"
+}
+peer_test() {
+  local name="$1" limit="$2"; shift 2
+  LD_LIBRARY_PATH="$peers_lib:$LD_LIBRARY_PATH" test_phase "$name" "$limit" "$@"
+}
+last_loss() { sed -n 's/.* loss \([0-9.]*\) .*/\1/p' "/tmp/phase-$1.log" | tail -1; }
+peer devices-shared 30 "$bin/replica" devices --devices cuda:0x2
+if ! grep -q "run as NCCL ranks" /tmp/phase-devices-shared.log; then
+  failed+=("peers (NCCL 2.30+ not loaded from $peers_lib: $(grep -m1 NCCL /tmp/phase-devices-shared.log))")
+  log "# peers: skipped, NCCL ranks cannot share this GPU with the NCCL loaded"
+elif [ ! -d "$data" ]; then
+  failed+=("peers (no Fashion-MNIST)")
+else
+  # The communicator's tests with 2 and 4 ranks: sums of different values, gather order, scatter
+  # blocks, 16-bit wires, captured collectives, and a rank that never joins reaching the time-out.
+  REPLICA_TEST_CUDA_DEVICES=cuda:0x2 peer_test peers-nccl-tests-2 120 "$tests/test_nccl"
+  REPLICA_TEST_CUDA_DEVICES=cuda:0x4 peer_test peers-nccl-tests-4 120 "$tests/test_nccl"
+  peer peers-allreduce-bench 60 "$bin/replica" bench allreduce --devices cuda:0x2 -b 8 -e 64M -f 4
+  common=(--set data.path="$data" --set train.max_steps=40 --set train.eval=false --set train.log_every=10
+          --set parallel.bucket_mb=1 --set train.deterministic=true)
+  run_peers() {  # run_peers NAME DEVICES [--set ...]: must finish, exit 0, within its limit
+    local name="$1" devices="$2"; shift 2
+    rm -rf "/tmp/$name"
+    peer "$name" 120 "$bin/replica" train --devices "$devices" "${common[@]}" --run-dir "/tmp/$name" "$@"
+  }
+  # Two NCCL runs with the same seed are byte-identical; each path of the bucketed all-reduce runs.
+  run_peers peers-fp32-a cuda:0x2
+  run_peers peers-fp32-b cuda:0x2
+  same=yes; cmp /tmp/peers-fp32-a/model.bin /tmp/peers-fp32-b/model.bin >> "$body" 2>&1 || same=no
+  log "# peers: two NCCL runs (2 ranks on one GPU, same seed) byte-identical: $same"
+  [ "$same" = yes ] || failed+=("peers determinism (two NCCL runs differ)")
+  run_peers peers-fp32-4 cuda:0x4
+  run_peers peers-fp16-wire cuda:0x2 --set train.precision=fp16 --set parallel.grad_dtype=fp16
+  run_peers peers-bf16-wire cuda:0x2 --set train.precision=bf16 --set parallel.grad_dtype=bf16
+  run_peers peers-sync-bn cuda:0x2 --set parallel.sync_bn=true
+  run_peers peers-zero1 cuda:0x2 --set train.precision=bf16 --set parallel.shard=optimizer
+  run_peers peers-zero2 cuda:0x2 --set parallel.shard=gradients
+  # NCCL against host staging: the same 3 steps agree to rounding (NCCL's ring adds in another order).
+  run_peers peers-nccl-3 cuda:0x2 --set train.max_steps=3 --set train.log_every=1
+  REPLICA_SHARED_GPU=staged run_peers peers-staged-3 cuda:0x2 --set train.max_steps=3 --set train.log_every=1
+  a=$(last_loss peers-nccl-3); b=$(last_loss peers-staged-3)
+  agree=$(awk -v a="$a" -v b="$b" 'BEGIN{ d = a - b; if (d < 0) d = -d; print (a > 0 && d <= 1e-3 * a) ? "yes" : "no" }')
+  log "# peers: NCCL and host-staged losses after 3 steps: $a and $b; agree to rounding: $agree"
+  [ "$agree" = yes ] || failed+=("peers (NCCL and host-staged runs disagree: $a vs $b)")
+  # The captured step with peers: replayed = eager, bit for bit (train.deterministic).
+  run_peers peers-graph-off cuda:0x2 --set train.precision=fp16 --set train.cuda_graph=off
+  run_peers peers-graph-on cuda:0x2 --set train.precision=fp16 --set train.cuda_graph=on
+  grep -h "cuda_graph" /tmp/phase-peers-graph-on.log | head -3 | while read -r l; do log "# $l"; done
+  same=yes; cmp /tmp/peers-graph-off/model.bin /tmp/peers-graph-on/model.bin >> "$body" 2>&1 || same=no
+  log "# peers: train.cuda_graph=on with 2 NCCL ranks byte-identical to eager: $same"
+  [ "$same" = yes ] || failed+=("peers graphs (replayed differs from eager)")
+  # A replica lost at every site, graphs off and on (a bucket fault is inside the captured step:
+  # `on` refuses it by design): the survivors shrink and finish; nothing hangs (each run has a limit).
+  for graph in off on; do
+    for site in start bucket optimizer eval checkpoint; do
+      [ "$graph" = on ] && [ "$site" = bucket ] && continue
+      # 3 ranks, 12 steps an epoch (eval and a checkpoint at step 12), global batch 96 (3 and 2 divide it).
+      REPLICA_FAULT="replica:1:step:12:$site" run_peers "peers-fault-$site-graph-$graph" cuda:0x3 \
+        --set parallel.on_replica_failure=shrink --set train.cuda_graph=$graph --set train.eval=true \
+        --set data.limit_train=1152 --set data.limit_test=500 --set train.global_batch=96 --set train.epochs=3 \
+        --set train.max_steps=0 --set checkpoint.every_epochs=1
+      grep -h "shrink\|lost\|survivor" "/tmp/phase-peers-fault-$site-graph-$graph.log" | head -2 | while read -r l; do log "# $l"; done
+    done
+  done
+fi
 
 # The CUDA mutants (tests/mutate/mutations.txt, "device: cuda"; gpu-bundle.sh built one test binary
 # each with its line changed): each must fail its test here, or that test protects nothing.
