@@ -61,11 +61,11 @@ if [ "$mode" = "--test" ]; then
   # Thread sanitizer on the code with threads in it: the host communicator, gradient sync,
   # replica groups (test_parallel), the multi-worker loader (test_data), the pool's lock (test_core)
   # and the trainer's replica threads with their collectives recorded and replayed (test_step_graph's
-  # peer tests).
+  # peer tests, and an abort that releases their graphs from another thread).
   phase "tsan: configure" cmake --preset tsan
   phase "tsan: build" cmake --build build-tsan -j "$jobs" --target test_parallel test_data test_core test_step_graph
   phase "tsan: communicator, gradient sync, replica group, loader, pool lock, replayed peers" env TSAN_OPTIONS=halt_on_error=1 \
-    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|CommClique|AllReduce|Sizes/AllReduce|Sharding|Loader|Readers|SpinLock|MemoryPool.Concurrent|ShardedCollectives|Kinds/ShardedCollectives|ShardPlan|StepGraph.Peers|StepGraph.TrainerRunsOnTwoReplicas)"
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -R "^(HostComm|GradientSync|ReplicaGroup|Solo|CommClique|AllReduce|Sizes/AllReduce|Sharding|Loader|Readers|SpinLock|MemoryPool.Concurrent|ShardedCollectives|Kinds/ShardedCollectives|ShardPlan|StepGraph.Peers|StepGraph.AnAbort|StepGraph.TrainerRunsOnTwoReplicas)"
 elif [ "$mode" = "--run" ]; then
   cmake --preset default
   cmake --build build -j "$jobs" --target replica

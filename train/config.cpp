@@ -20,6 +20,30 @@
 namespace replica::train {
 
 namespace {
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+}  // namespace
+
+std::string did_you_mean(const std::string& key, const std::vector<std::string>& known) {
+  std::string best;
+  size_t bd = 3;
+  for (auto& k : known) {
+    size_t d = edit_distance(key, k);
+    if (d < bd) bd = d, best = k;
+  }
+  return best.empty() ? "" : "; did you mean '" + best + "'?";
+}
+
+namespace {
 
 struct Loc {
   std::string source;
@@ -84,27 +108,6 @@ std::vector<double> as_list(const YAML::Node& n, const Loc& l, double lo, double
   std::vector<double> v;
   for (const auto& e : n) v.push_back(as_double(e, l, lo, hi));
   return v;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-std::string suggest(const std::string& key, const std::vector<std::string>& known) {
-  std::string best;
-  size_t bd = 3;
-  for (auto& k : known) {
-    size_t d = edit_distance(key, k);
-    if (d < bd) bd = d, best = k;
-  }
-  return best.empty() ? "" : "; did you mean '" + best + "'?";
 }
 
 using Setter = std::function<void(const YAML::Node&, const Loc&)>;
@@ -468,10 +471,10 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
     if (eq == std::string::npos || dot == std::string::npos || dot > eq)
       throw ConfigError("--set " + s + ": expected section.key=value, e.g. --set train.epochs=1");
     std::string sec = s.substr(0, dot), key = s.substr(dot + 1, eq - dot - 1), val = s.substr(eq + 1);
-    if (!sch.count(sec)) throw ConfigError("--set " + s + ": unknown section '" + sec + "'" + suggest(sec, sections));
+    if (!sch.count(sec)) throw ConfigError("--set " + s + ": unknown section '" + sec + "'" + did_you_mean(sec, sections));
     auto known = keys_of(sch[sec]);
     if (std::find(known.begin(), known.end(), key) == known.end())
-      throw ConfigError("--set " + s + ": unknown key '" + sec + "." + key + "'" + suggest(key, known));
+      throw ConfigError("--set " + s + ": unknown key '" + sec + "." + key + "'" + did_you_mean(key, known));
     YAML::Node v;
     try {
       v = YAML::Load(val);
@@ -494,7 +497,7 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
     std::string sec = key_text(it->first, "");
     int line = it->first.Mark().line + 1;
     if (!sch.count(sec))
-      throw ConfigError(source + ":" + std::to_string(line) + ": unknown section '" + sec + "'" + suggest(sec, sections) +
+      throw ConfigError(source + ":" + std::to_string(line) + ": unknown section '" + sec + "'" + did_you_mean(sec, sections) +
                         " (sections: model, data, train, optim, parallel, memory, checkpoint, run)");
     if (it->second.IsNull()) continue;
     if (!it->second.IsMap()) throw ConfigError(source + ":" + std::to_string(line) + ": " + sec + ": expected key: value pairs");
@@ -504,7 +507,7 @@ RunConfig parse_config_nodes(const std::string& text, const std::string& source,
       std::string key = key_text(kv->first, sec + ": ");
       Loc l{source, sec + "." + key, kv->first.Mark().line >= 0 ? kv->first.Mark().line + 1 : -1};
       auto f = std::find_if(section.begin(), section.end(), [&](auto& e) { return e.name == key; });
-      if (f == section.end()) fail(l, "unknown key" + suggest(key, known));
+      if (f == section.end()) fail(l, "unknown key" + did_you_mean(key, known));
       f->set(kv->second, l);
     }
   }

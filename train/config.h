@@ -152,6 +152,9 @@ RunConfig parse_config(const std::string& text, const std::string& source,
 // Reads `path` (or the built-in default when empty) and parses it.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& sets = {});
 
+// "; did you mean 'x'?" for the name of `known` within two edits of `name`, or "".
+std::string did_you_mean(const std::string& name, const std::vector<std::string>& known);
+
 // One key of the schema as `replica config` and docs/configuration.md show it.
 struct ConfigKeyDoc {
   std::string key;           // section.key

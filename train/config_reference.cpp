@@ -13,26 +13,6 @@ namespace {
 
 std::string section_of(const std::string& key) { return key.substr(0, key.find('.')); }
 
-// The closest of `names` to `name` within two edits, as "; did you mean 'x'?", or "".
-std::string nearest(const std::string& name, const std::vector<std::string>& names) {
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
-  };
-  std::string best;
-  size_t bd = 3;
-  for (const auto& n : names)
-    if (const size_t d = distance(name, n); d < bd) bd = d, best = n;
-  return best.empty() ? "" : "; did you mean '" + best + "'?";
-}
-
 std::string cell(std::string s) {  // a Markdown table cell: '|' escaped
   for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.replace(i, 1, "\\|");
   return s;
@@ -47,7 +27,7 @@ std::string config_reference_text(const std::string& section) {
     if (std::find(sections.begin(), sections.end(), section_of(k.key)) == sections.end())
       sections.push_back(section_of(k.key));
   if (!section.empty() && std::find(sections.begin(), sections.end(), section) == sections.end())
-    throw ConfigError("replica config: no section '" + section + "'" + nearest(section, sections) +
+    throw ConfigError("replica config: no section '" + section + "'" + did_you_mean(section, sections) +
                       " (sections: model, data, train, checkpoint, optim, parallel, memory, run)");
   size_t kw = 0, dw = 0;
   for (const auto& k : keys) kw = std::max(kw, k.key.size()), dw = std::max(dw, std::min<size_t>(k.default_value.size(), 24));
@@ -78,7 +58,7 @@ std::string config_key_text(const std::string& key) {
     names.push_back(k.key);
   }
   if (key.find('.') == std::string::npos) return config_reference_text(key);  // a section
-  throw ConfigError("replica config: no key '" + key + "'" + nearest(key, names) +
+  throw ConfigError("replica config: no key '" + key + "'" + did_you_mean(key, names) +
                     " (`replica config` lists every key)");
 }
 
