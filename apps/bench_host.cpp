@@ -64,8 +64,8 @@ class NullBackend final : public ops::Backend {
   LossResult softmax_xent_forward(const Tensor&, const Tensor&, const Tensor&) override {
     return {};
   }
-  void softmax_xent_accumulate(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void softmax_xent_backward(const Tensor&, const Tensor&, const ops::StepScalar&, const Tensor&) override {}
+  void softmax_xent_accumulate(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override {}
+  void softmax_xent_backward(const Tensor&, const Tensor&, const ops::StepScalar&, const Tensor&, float) override {}
   void cast(const Tensor&, const Tensor&) override {}
   double sum_squares(const Tensor&) override {
     return 0;
@@ -209,13 +209,15 @@ class TimedBackend final : public ops::Backend {
     Timer t(*this, "loss (read)");
     return in_.softmax_xent_forward(z, l, p);
   }
-  void softmax_xent_accumulate(const Tensor& z, const Tensor& l, const Tensor& p, const Tensor& sums) override {
+  void softmax_xent_accumulate(const Tensor& z, const Tensor& l, const Tensor& p, const Tensor& sums,
+                               float smoothing) override {
     Timer t(*this, "loss");
-    in_.softmax_xent_accumulate(z, l, p, sums);
+    in_.softmax_xent_accumulate(z, l, p, sums, smoothing);
   }
-  void softmax_xent_backward(const Tensor& p, const Tensor& l, const ops::StepScalar& scale, const Tensor& dz) override {
+  void softmax_xent_backward(const Tensor& p, const Tensor& l, const ops::StepScalar& scale, const Tensor& dz,
+                             float smoothing) override {
     Timer t(*this, "loss backward");
-    in_.softmax_xent_backward(p, l, scale, dz);
+    in_.softmax_xent_backward(p, l, scale, dz, smoothing);
   }
   void cast(const Tensor& src, const Tensor& dst) override {
     Timer t(*this, "cast");

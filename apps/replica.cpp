@@ -93,9 +93,9 @@ int cmd_eval(const std::string& config, const std::vector<std::string>& sets, co
   if (!model_path.empty())
     trainer.group().run([&](parallel::Replica& rep) { train::load_model(trainer.model(rep.local_index()), model_path); });
   auto r = trainer.evaluate();
-  std::printf("%s on %s: test loss %.4f accuracy %.2f%% (%ld images)\n",
+  std::printf("%s on %s: test loss %.4f accuracy %.2f%% top-5 %.2f%% (%ld images)\n",
               (model_path.empty() ? checkpoint : model_path).c_str(), cfg.data.dataset.c_str(),
-              r.loss, 100 * r.accuracy, (long)r.count);
+              r.loss, 100 * r.accuracy, 100 * r.top5, (long)r.count);
   return 0;
 }
 

@@ -172,21 +172,25 @@ class Backend {
                                const Tensor& dx, const Tensor& dw, const Tensor& db) = 0;
 
   // Softmax cross-entropy on f32 logits [N,K] and i32 labels [N]: writes probabilities, returns
-  // the summed loss and the number of correct argmax predictions.
+  // the summed loss and how many labels are the first maximum (top-1) and among the 5 largest
+  // logits (top-5: fewer than 5 logits larger, or equal at a lower index; every row when K <= 5).
   struct LossResult {
     double loss_sum = 0;
     int64_t correct = 0;
+    int64_t correct5 = 0;
   };
   virtual LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels,
                                           const Tensor& probs) = 0;
-  // The same, leaving the results on the device for the step's one read (no host wait):
-  // sums (f32 [3]) gets sums[0] += loss sum, sums[1] += correct, and sums[2] += 1 when a label is
-  // outside [0, K) (a CPU backend throws at once instead, naming the sample).
+  // The training pass's loss, leaving the results on the device for the step's one read (no host
+  // wait): sums (f32 [3]) gets sums[0] += loss sum, sums[1] += correct, and sums[2] += 1 when a
+  // label is outside [0, K) (a CPU backend throws at once instead, naming the sample). The loss is
+  // against the smoothed target (1 - smoothing) onehot(label) + smoothing / K (PyTorch's
+  // label_smoothing; 0: plain cross-entropy), summed in double per row.
   virtual void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
-                                       const Tensor& sums) = 0;
-  // dlogits = (probs - onehot(labels)) * scale
+                                       const Tensor& sums, float smoothing) = 0;
+  // dlogits = (probs - target) * scale, target as above.
   virtual void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
-                                     const Tensor& dlogits) = 0;
+                                     const Tensor& dlogits, float smoothing) = 0;
 
   // Converts between f32, f16 and bf16 (round to nearest even).
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;

@@ -173,12 +173,12 @@ Backend::LossResult RecordingBackend::softmax_xent_forward(const Tensor& logits,
   return in_.softmax_xent_forward(logits, labels, probs);
 }
 void RecordingBackend::softmax_xent_accumulate(const Tensor& logits, const Tensor& labels,
-                                               const Tensor& probs, const Tensor& sums) {
-  call(&Backend::softmax_xent_accumulate, logits, labels, probs, sums);
+                                               const Tensor& probs, const Tensor& sums, float smoothing) {
+  call(&Backend::softmax_xent_accumulate, logits, labels, probs, sums, smoothing);
 }
 void RecordingBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels,
-                                             const StepScalar& scale, const Tensor& dlogits) {
-  call(&Backend::softmax_xent_backward, probs, labels, scale, dlogits);
+                                             const StepScalar& scale, const Tensor& dlogits, float smoothing) {
+  call(&Backend::softmax_xent_backward, probs, labels, scale, dlogits, smoothing);
 }
 void RecordingBackend::cast(const Tensor& src, const Tensor& dst) {
   call(&Backend::cast, src, dst);

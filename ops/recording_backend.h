@@ -63,9 +63,9 @@ class RecordingBackend final : public Backend {
   LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels,
                                   const Tensor& probs) override;
   void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
-                               const Tensor& sums) override;
+                               const Tensor& sums, float smoothing) override;
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
-                             const Tensor& dlogits) override;
+                             const Tensor& dlogits, float smoothing) override;
   void cast(const Tensor& src, const Tensor& dst) override;
   double sum_squares(const Tensor& x) override;
   std::vector<double> segment_sum_squares(

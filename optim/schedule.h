@@ -1,5 +1,6 @@
 // Learning-rate schedules as a pure function of the applied-step count (skipped steps do not
-// advance it): constant, step decay, cosine, each with optional linear warm-up.
+// advance it): constant, step decay, cosine, polynomial (MLPerf's LARS recipe), each with optional
+// linear warm-up.
 #pragma once
 #include <string>
 #include <vector>
@@ -7,12 +8,13 @@
 namespace replica::optim {
 
 struct ScheduleOptions {
-  std::string kind = "constant";  // constant | step | cosine
+  std::string kind = "constant";  // constant | step | cosine | poly
   float base_lr = 0.1f;
   int64_t warmup_steps = 0;       // linear from warmup_start_factor * base_lr to base_lr
   float warmup_start_factor = 0.0f;
-  int64_t total_steps = 0;        // cosine decays to min_lr at total_steps
+  int64_t total_steps = 0;        // cosine and poly decay to min_lr at total_steps
   float min_lr = 0.f;
+  float power = 2.f;              // poly: min_lr + (base - min_lr) (1 - t)^power, t from warm-up's end
   std::vector<int64_t> milestones;  // step: lr *= gamma at each
   float gamma = 0.1f;
 };

@@ -54,6 +54,7 @@ struct TrainConfig {
   uint64_t seed = 0;
   int64_t log_every = 50;
   int64_t max_steps = 0;  // stop after this many steps (0 = no limit)
+  double label_smoothing = 0;  // the target: (1 - e) onehot + e / K (PyTorch's label_smoothing)
   std::string run_dir = "runs/default";
   bool eval = true;
   int64_t eval_batch = 500;
@@ -85,7 +86,8 @@ struct OptimConfig {
   double weight_decay = 5e-4;
   bool decoupled_weight_decay = false;
   bool no_decay_bn_bias = false;
-  std::string schedule = "cosine";  // constant | step | cosine
+  std::string schedule = "cosine";  // constant | step | cosine | poly
+  double poly_power = 2;            // poly: (1 - t)^power from the warm-up's end to the last step
   double warmup_epochs = 0;
   double warmup_start_factor = 0.04;
   std::vector<double> milestones;   // epochs, for schedule: step

@@ -36,8 +36,8 @@ std::string StepRecord::json() const {
 
 std::string EvalRecord::line() const {
   char b[200];
-  std::snprintf(b, sizeof b, "epoch %ld: test loss %.4f accuracy %.2f%% (%ld images), epoch took %.1f s", (long)epoch,
-                loss, 100 * accuracy, (long)count, epoch_seconds);
+  std::snprintf(b, sizeof b, "epoch %ld: test loss %.4f accuracy %.2f%% top-5 %.2f%% (%ld images), epoch took %.1f s",
+                (long)epoch, loss, 100 * accuracy, 100 * top5, (long)count, epoch_seconds);
   return b;
 }
 
@@ -47,6 +47,7 @@ std::string EvalRecord::json() const {
                     {"epoch", epoch},
                     {"loss", json_number(loss)},
                     {"accuracy", json_number(accuracy)},
+                    {"top5", json_number(top5)},
                     {"count", count},
                     {"epoch_seconds", json_number(epoch_seconds)}});
 }
@@ -91,6 +92,7 @@ void TensorBoardSink::step(const StepRecord& r, bool logged) {
 void TensorBoardSink::eval(const EvalRecord& r) {
   w_.scalar("test/loss", static_cast<float>(r.loss), r.step);
   w_.scalar("test/accuracy", static_cast<float>(r.accuracy), r.step);
+  w_.scalar("test/top5", static_cast<float>(r.top5), r.step);
   w_.flush();
 }
 

@@ -30,7 +30,7 @@ struct StepRecord {
 
 struct EvalRecord {
   int64_t step = 0, epoch = 0, count = 0;  // epoch is 1-based
-  double loss = 0, accuracy = 0, epoch_seconds = 0;
+  double loss = 0, accuracy = 0, top5 = 0, epoch_seconds = 0;
   std::string line() const;
   std::string json() const;
 };

@@ -185,7 +185,7 @@ void ReplicaStep::run_pass(MemoryPool& pool, const Tensor& images, const Tensor&
     std::optional<Timeline::Scope> fwd;  // no heap allocation per micro-step when not tracing
     fwd.emplace(o_.timeline, track, "forward", "compute");
     Tensor dlogits;
-    nn::forward_and_loss(ctx, model_, images, labels, weight, dlogits, stats_.view(kLoss, {3}));
+    nn::forward_and_loss(ctx, model_, images, labels, weight, dlogits, stats_.view(kLoss, {3}), o_.label_smoothing);
     fwd.reset();
     Timeline::Scope bwd(o_.timeline, track, last ? "backward (buckets all-reduce as they fill)" : "backward (no_sync)",
                         "compute");
@@ -467,7 +467,8 @@ EvalSums ReplicaStep::eval_batch(const Tensor& images, const Tensor& labels) {
   Tensor logits = model_.forward(ctx, images);
   Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);
   auto r = be.softmax_xent_forward(logits, labels, probs);
-  return {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(images.dim(0))};
+  return {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(images.dim(0)),
+          static_cast<double>(r.correct5)};
 }
 
 }  // namespace replica::train

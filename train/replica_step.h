@@ -57,6 +57,7 @@ struct EvalSums {
   double loss_sum = 0;
   double correct = 0;
   double count = 0;
+  double correct5 = 0;  // labels among the 5 largest logits (top-5)
 };
 
 struct StepOptions {
@@ -67,6 +68,7 @@ struct StepOptions {
   DType activations = DType::f32;            // f16 / bf16: 16-bit activations (mixed precision)
   optim::DynamicLossScaler* scaler = nullptr;  // loss scaling (fp16); nullptr: none
   double clip_grad_norm = 0;                 // 0: no clipping
+  float label_smoothing = 0;                 // train.label_smoothing: the loss's target
   parallel::BucketOptions buckets;
   // parallel.shard (ZeRO-1/2): the optimizer updates this replica's shard only (its state covers
   // that shard: see optim::ShardRange) and the updated parameters are all-gathered; in

@@ -215,6 +215,7 @@ std::string report_run_directory(const std::string& run_dir) {
   std::ifstream in(path);
   if (!in) throw IoError(path + ": cannot read it; give the run directory of a `replica train` run");
   Series loss{"train loss", "#1f77b4", {}}, test_loss{"test loss", "#d62728", {}};
+  double last_top5 = std::nan("");
   Series acc{"train accuracy", "#1f77b4", {}}, test_acc{"test accuracy", "#d62728", {}}, lr{"learning rate", "#2ca02c", {}};
   std::string summary, line;
   int64_t lineno = 0;
@@ -241,6 +242,7 @@ std::string report_run_directory(const std::string& run_dir) {
     } else if (kind == "eval") {
       test_loss.points.push_back({step, o.number("loss")});
       test_acc.points.push_back({step, o.number("accuracy")});
+      last_top5 = o.number("top5");  // NaN in a run written before top-5 was recorded
     } else if (kind == "summary") {
       summary = line;
     }
@@ -265,9 +267,14 @@ std::string report_run_directory(const std::string& run_dir) {
   }
   if (!test_acc.points.empty()) {
     char b[160];
-    std::snprintf(b, sizeof b, "  last evaluation: step %.0f, test accuracy %.2f%%, test loss %.4f\n",
+    std::snprintf(b, sizeof b, "  last evaluation: step %.0f, test accuracy %.2f%%, test loss %.4f",
                   test_acc.points.back().first, 100 * test_acc.points.back().second, test_loss.points.back().second);
     out << b;
+    if (!std::isnan(last_top5)) {
+      std::snprintf(b, sizeof b, ", top-5 %.2f%%", 100 * last_top5);
+      out << b;
+    }
+    out << "\n";
   }
   out << "  plot: " << run_dir << "/report.svg (loss, accuracy and learning rate against steps)\n";
   return out.str();

@@ -212,6 +212,7 @@ void Trainer::init_schedule() {
   sched_.warmup_start_factor = static_cast<float>(cfg_.optim.warmup_start_factor);
   sched_.total_steps = std::max<int64_t>(1, std::llround(cfg_.train.epochs * spe));
   sched_.min_lr = static_cast<float>(cfg_.optim.min_lr);
+  sched_.power = static_cast<float>(cfg_.optim.poly_power);
   sched_.gamma = static_cast<float>(cfg_.optim.gamma);
   for (double m : cfg_.optim.milestones) sched_.milestones.push_back(std::llround(m * spe));
   optim::validate(sched_);
@@ -261,6 +262,7 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
   so.activations = compute;
   so.scaler = st.scaler.get();
   so.clip_grad_norm = cfg_.optim.clip_grad_norm;
+  so.label_smoothing = static_cast<float>(cfg_.train.label_smoothing);
   so.buckets = {cfg_.parallel.bucket_mb, cfg_.parallel.first_bucket_mb, parse_dtype(cfg_.parallel.grad_dtype), &rep.pool()};
   so.timeline = timeline_.get();
   so.shard = shard;
@@ -401,7 +403,7 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
       if (lead) {
         loop.result.test = e;
         loop.sinks.eval({.step = step, .epoch = epoch + 1, .count = e.count, .loss = e.loss, .accuracy = e.accuracy,
-                         .epoch_seconds = epoch_seconds});
+                         .top5 = e.top5, .epoch_seconds = epoch_seconds});
       }
     }
     if (!stop && checkpoints.at_epoch_end(step)) save_checkpoint(rep, loop, checkpoints, step, epoch + 1, 0);

@@ -17,7 +17,7 @@ EvalResult Trainer::evaluate_averaged(parallel::Replica& rep) {
   const int R = rep.world();
   const int64_t eb = cfg_.train.eval_batch, N = test_->size();
   const Shape s = test_->sample_shape();
-  double sums[3] = {0, 0, 0};
+  double sums[4] = {0, 0, 0, 0};
   for (int64_t j = 0; j * eb * R < N; ++j) {
     const int64_t lo = (j * R + rep.rank()) * eb, hi = std::min(N, lo + eb);
     if (lo >= hi) continue;
@@ -30,10 +30,12 @@ EvalResult Trainer::evaluate_averaged(parallel::Replica& rep) {
     sums[0] += e.loss_sum;
     sums[1] += e.correct;
     sums[2] += e.count;
+    sums[3] += e.correct5;
   }
-  float f[3] = {static_cast<float>(sums[0]), static_cast<float>(sums[1]), static_cast<float>(sums[2])};
-  if (R > 1) rep.psum(f, 3);
-  return {f[0] / f[2], f[1] / f[2], static_cast<int64_t>(f[2])};
+  float f[4] = {static_cast<float>(sums[0]), static_cast<float>(sums[1]), static_cast<float>(sums[2]),
+                static_cast<float>(sums[3])};
+  if (R > 1) rep.psum(f, 4);
+  return {f[0] / f[2], f[1] / f[2], f[3] / f[2], static_cast<int64_t>(f[2])};
 }
 
 EvalResult Trainer::evaluate() {

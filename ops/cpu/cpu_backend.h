@@ -76,9 +76,9 @@ class CpuBackend : public Backend {
   LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels,
                                   const Tensor& probs) override;
   void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
-                               const Tensor& sums) override;
+                               const Tensor& sums, float smoothing) override;
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
-                             const Tensor& dlogits) override;
+                             const Tensor& dlogits, float smoothing) override;
   void cast(const Tensor& src, const Tensor& dst) override;
   double sum_squares(const Tensor& x) override;
   std::vector<double> segment_sum_squares(const Tensor& x,
@@ -106,7 +106,7 @@ class CpuBackend : public Backend {
  private:
   // The bodies of the calls above that return host values; the public calls count a host sync
   // (the CPU has none, but the step is held to the GPU's budget on every backend).
-  static LossResult xent_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs);
+  static LossResult xent_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs, float smoothing);
   static double sum_sq(const Tensor& x);
   static bool unscale_check(const Tensor& grads, float inv_scale);
 };

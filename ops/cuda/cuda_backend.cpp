@@ -153,11 +153,11 @@ void CudaBackend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
 Backend::LossResult CudaBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) {
   auto& ts = state();
   const int K = as_int(logits.dim(1), "softmax_cross_entropy");
-  double* result = launch_xent(ts, logits, labels, probs);
-  char host[sizeof(double) + 2 * sizeof(int)];
+  double* result = launch_xent(ts, logits, labels, probs, 0.f);
+  char host[sizeof(double) + 3 * sizeof(int)];
   fetch(ts, result, host, sizeof host);
   double loss;
-  int c[2];
+  int c[3];  // correct, the first bad row + 1, top-5 correct
   std::memcpy(&loss, host, sizeof loss);
   std::memcpy(c, host + sizeof loss, sizeof c);
   if (c[1]) {
@@ -166,23 +166,23 @@ Backend::LossResult CudaBackend::softmax_xent_forward(const Tensor& logits, cons
     throw ShapeError("softmax_cross_entropy: label " + std::to_string(bad) + " of sample " + std::to_string(c[1] - 1) +
                      " is outside [0, " + std::to_string(K) + ")");
   }
-  return {loss, c[0]};
+  return {loss, c[0], c[2]};
 }
 
 void CudaBackend::softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
-                             const Tensor& sums) {
+                                          const Tensor& sums, float smoothing) {
   if (sums.dtype() != DType::f32 || sums.numel() < 3)
     throw ShapeError("softmax_xent_accumulate: sums must be f32 with 3 elements, got " + sums.str());
   auto& ts = state();
-  double* result = launch_xent(ts, logits, labels, probs);
+  double* result = launch_xent(ts, logits, labels, probs, smoothing);
   cuk::xent_fold(result, reinterpret_cast<int*>(result + 1), sums.data<float>(), stream());
 }
 
 void CudaBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
-                           const Tensor& dlogits) {
+                                        const Tensor& dlogits, float smoothing) {
   cuk::softmax_xent_backward(dp(probs), labels.data<int32_t>(), knob(scale, dlogits, "softmax_xent_backward"),
-                             dp(dlogits), as_int(probs.dim(0), "xent"),
-                             as_int(probs.dim(1), "xent"), stream());
+                             smoothing, dp(dlogits), as_int(probs.dim(0), "xent"), as_int(probs.dim(1), "xent"),
+                             stream());
 }
 
 void CudaBackend::cast(const Tensor& src, const Tensor& dst) {
@@ -345,17 +345,20 @@ void CudaBackend::rsqrt_eps(const Tensor& x, const Tensor& y, float eps) {
 }
 
 // The loss kernel into the thread's scratch: [loss sum (double) | correct, first bad row + 1 (int)].
-double* CudaBackend::launch_xent(ThreadState& ts, const Tensor& logits, const Tensor& labels, const Tensor& probs) {
+double* CudaBackend::launch_xent(ThreadState& ts, const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                 float smoothing) {
   const int N = as_int(logits.dim(0), "softmax_cross_entropy"), K = as_int(logits.dim(1), "softmax_cross_entropy");
   if (labels.numel() != N)
     throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
                      std::to_string(labels.numel()) + " labels");
   cudaStream_t s = stream();
-  // scratch: result (double) | counts (2 ints) | each row's loss (N doubles)
-  double* result = static_cast<double*>(ts.get_scratch((2 + static_cast<size_t>(N)) * sizeof(double)));
+  // scratch: result (double) | counts (3 ints: correct, first bad row + 1, top-5 correct; two
+  // doubles' room) | each row's loss (N doubles)
+  double* result = static_cast<double*>(ts.get_scratch((3 + static_cast<size_t>(N)) * sizeof(double)));
   int* counts = reinterpret_cast<int*>(result + 1);
-  REPLICA_CUDA_CHECK(cudaMemsetAsync(counts, 0, 2 * sizeof(int), s));
-  cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, result + 2, result, counts, s);
+  REPLICA_CUDA_CHECK(cudaMemsetAsync(counts, 0, 3 * sizeof(int), s));
+  cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, smoothing, result + 3, result, counts,
+                            s);
   return result;
 }
 

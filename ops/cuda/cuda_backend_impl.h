@@ -215,9 +215,9 @@ class CudaBackend final : public Backend {
   void global_avgpool_backward(const Tensor& dy, const Tensor& dx) override;
   LossResult softmax_xent_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) override;
   void softmax_xent_accumulate(const Tensor& logits, const Tensor& labels, const Tensor& probs,
-                               const Tensor& sums) override;
+                               const Tensor& sums, float smoothing) override;
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
-                             const Tensor& dlogits) override;
+                             const Tensor& dlogits, float smoothing) override;
   double sum_squares(const Tensor& x) override;
   std::vector<double> segment_sum_squares(const Tensor& x,
                                           const std::vector<std::pair<int64_t, int64_t>>& segments) override;
@@ -279,7 +279,8 @@ class CudaBackend final : public Backend {
                                const char* who, size_t extra);
   static std::vector<int64_t> flatten(const std::vector<std::pair<int64_t, int64_t>>& segments);
   const int64_t* kept_table(const std::vector<std::pair<int64_t, int64_t>>& segments);
-  static double* launch_xent(ThreadState& ts, const Tensor& logits, const Tensor& labels, const Tensor& probs);
+  static double* launch_xent(ThreadState& ts, const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                             float smoothing);
   static Tensor as_dtype(const Tensor& t, DType dt, MemoryPool& ws);
   static void check_conv(const Tensor& a, const Tensor& b, const Tensor& c, const char* who);
   static cuk::DPtr residual_of(const Tensor& x, const Tensor& residual);

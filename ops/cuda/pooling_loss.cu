@@ -162,7 +162,8 @@ __global__ void k_gap_bwd(DPtr dy, DPtr dx, int N, int HW, int C) {
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
 // One block per row: max and first argmax, then the double sum of exponentials.
-__global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, double* row_loss, int* counts) {
+__global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, float smoothing, double* row_loss,
+                       int* counts) {
   const int row = blockIdx.x;
   const int64_t base = static_cast<int64_t>(row) * K;
   __shared__ float smax[kThreads];
@@ -195,6 +196,19 @@ __global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, double*
   double s = 0;
   for (int k = threadIdx.x; k < K; k += blockDim.x) s += exp(static_cast<double>(ld(z.p, z.dt, base + k)) - mx);
   s = block_sum(s);
+  // The label's rank (the logits before it: larger, or equal at a lower index) for top-5, and with
+  // label smoothing the sum of the shifted logits (the uniform part of the target).
+  const int lab0 = labels[row];
+  const bool valid = lab0 >= 0 && lab0 < K;
+  const float zy = valid ? ld(z.p, z.dt, base + lab0) : 0.f;
+  double above = 0, shifted = 0;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    const float v = ld(z.p, z.dt, base + k);
+    above += v > zy || (v == zy && k < lab0) ? 1.0 : 0.0;
+    if (smoothing > 0.f) shifted += static_cast<double>(v) - mx;
+  }
+  above = block_sum(above);
+  if (smoothing > 0.f) shifted = block_sum(shifted);
   __shared__ double total;
   if (threadIdx.x == 0) total = s;
   __syncthreads();
@@ -206,18 +220,23 @@ __global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, double*
       row_loss[row] = 0;
       atomicCAS(counts + 1, 0, row + 1);  // the first bad row found
     } else {
-      // Per row, summed in row order afterwards: the loss has the same bits in every run.
-      row_loss[row] = log(total) - (static_cast<double>(ld(z.p, z.dt, base + lab)) - mx);
+      // Per row, summed in row order afterwards: the loss has the same bits in every run. Against
+      // the target (1 - e) onehot + e / K (ops/cpu/kernels.cpp's formula).
+      const double e = smoothing;
+      row_loss[row] = log(total) - (1 - e) * (static_cast<double>(ld(z.p, z.dt, base + lab)) - mx) -
+                      (e > 0 ? e / K * shifted : 0.0);
       if (am == lab) atomicAdd(counts, 1);  // integers: any order gives the same count
+      if (above < 5) atomicAdd(counts + 2, 1);
     }
   }
 }
 
-__global__ void k_xent_bwd(DPtr probs, const int32_t* labels, Knob scale_k, DPtr d, int N, int K) {
+__global__ void k_xent_bwd(DPtr probs, const int32_t* labels, Knob scale_k, float smoothing, DPtr d, int N, int K) {
   const float scale = scale_k.get();
+  const float on = 1.f - smoothing, off = smoothing / static_cast<float>(K);  // the target's two values
   GRID_STRIDE(i, static_cast<int64_t>(N) * K) {
     const int n = static_cast<int>(i / K), k = static_cast<int>(i % K);
-    st(d.mut(), d.dt, i, (ld(probs.p, probs.dt, i) - (k == labels[n] ? 1.f : 0.f)) * scale);
+    st(d.mut(), d.dt, i, (ld(probs.p, probs.dt, i) - ((k == labels[n] ? on : 0.f) + off)) * scale);
   }
 }
 
@@ -283,13 +302,13 @@ void global_avgpool_backward(DPtr dy, DPtr dx, int N, int HW, int C, cudaStream_
   LAUNCH_UNROLLED(k_gap_bwd, static_cast<int64_t>(N) * HW * C, s, dy, dx, N, HW, C);
 }
 
-void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K, double* row_loss,
-                          double* result, int* counts, cudaStream_t s) {
+void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K, float smoothing,
+                          double* row_loss, double* result, int* counts, cudaStream_t s) {
   if (N <= 0) {
     REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), s));
     return;
   }
-  k_xent<<<N, kThreads, 0, s>>>(logits, labels, probs, K, row_loss, counts);
+  k_xent<<<N, kThreads, 0, s>>>(logits, labels, probs, K, smoothing, row_loss, counts);
   check_launch("k_xent");
   sum_partials(row_loss, N, result, s);
 }
@@ -297,8 +316,9 @@ void xent_fold(const double* result, const int* counts, float* sums, cudaStream_
   k_xent_fold<<<1, 1, 0, s>>>(result, counts, sums);
   check_launch("k_xent_fold");
 }
-void softmax_xent_backward(DPtr probs, const int32_t* labels, Knob scale, DPtr dlogits, int N, int K, cudaStream_t s) {
-  LAUNCH(k_xent_bwd, static_cast<int64_t>(N) * K, s, probs, labels, scale, dlogits, N, K);
+void softmax_xent_backward(DPtr probs, const int32_t* labels, Knob scale, float smoothing, DPtr dlogits, int N, int K,
+                           cudaStream_t s) {
+  LAUNCH(k_xent_bwd, static_cast<int64_t>(N) * K, s, probs, labels, scale, smoothing, dlogits, N, K);
 }
 
 }  // namespace replica::ops::cuk

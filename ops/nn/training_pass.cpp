@@ -4,7 +4,7 @@
 namespace replica::nn {
 
 void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels,
-                      const ops::StepScalar& weight, Tensor& dlogits, const Tensor& sums) {
+                      const ops::StepScalar& weight, Tensor& dlogits, const Tensor& sums, float label_smoothing) {
   auto& be = ctx.backend();
   Tensor logits = model.forward(ctx, images);
   Tensor probs = ctx.alloc(logits.shape(), MemTag::activations, DType::f32);  // softmax in f32
@@ -13,10 +13,10 @@ void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Te
     scratch = ctx.alloc({3}, MemTag::activations, DType::f32);
     be.fill(scratch, 0.f);
   }
-  be.softmax_xent_accumulate(logits, labels, probs, sums.defined() ? sums : scratch);
+  be.softmax_xent_accumulate(logits, labels, probs, sums.defined() ? sums : scratch, label_smoothing);
   logits = Tensor();
   dlogits = ctx.alloc(probs.shape());
-  be.softmax_xent_backward(probs, labels, weight, dlogits);
+  be.softmax_xent_backward(probs, labels, weight, dlogits, label_smoothing);
 }
 
 }  // namespace replica::nn

@@ -6,7 +6,8 @@
 // Backend::softmax_xent_accumulate) gets this pass's loss sum, correct count and bad-label flag
 // added, for the step's one read; without it they go to a scratch tensor and are dropped.
 // `weight` may live on the device (ops::StepScalar): the replica step stages it there, so a
-// captured pass serves every loss scale.
+// captured pass serves every loss scale. `label_smoothing`: the loss is against
+// (1 - e) onehot + e / K (train.label_smoothing).
 #pragma once
 #include "ops/backend.h"
 #include "ops/nn/context.h"
@@ -15,6 +16,7 @@
 namespace replica::nn {
 
 void forward_and_loss(Context& ctx, Model& model, const Tensor& images, const Tensor& labels,
-                      const ops::StepScalar& weight, Tensor& dlogits, const Tensor& sums = Tensor());
+                      const ops::StepScalar& weight, Tensor& dlogits, const Tensor& sums = Tensor(),
+                      float label_smoothing = 0.f);
 
 }  // namespace replica::nn

@@ -58,7 +58,7 @@ struct Golden : ::testing::Test {
     Tensor probs = ctx.alloc(logits.shape());
     auto r = be.softmax_xent_forward(logits, labels, probs);
     Tensor d = ctx.alloc(logits.shape());
-    be.softmax_xent_backward(probs, labels, 1.f / 8, d);
+    be.softmax_xent_backward(probs, labels, 1.f / 8, d, 0.f);
     model->backward(ctx, d);
     if (logits_out) *logits_out = logits;
     return r.loss_sum / 8;

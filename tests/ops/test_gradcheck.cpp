@@ -138,7 +138,7 @@ TEST(OpGrad, SoftmaxCrossEntropy) {
   Tensor p = Tensor::empty(*pool, {4, 5}, DType::f32, MemTag::other);
   Tensor dz = Tensor::empty(*pool, {4, 5}, DType::f32, MemTag::other);
   auto r = be.softmax_xent_forward(z, lab, p);
-  be.softmax_xent_backward(p, lab, 0.25f, dz);  // mean over 4
+  be.softmax_xent_backward(p, lab, 0.25f, dz, 0.f);  // mean over 4
   for (int i = 0; i < 20; ++i) {
     float* v = z.data<float>() + i;
     float old = *v;

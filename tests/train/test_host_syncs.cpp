@@ -74,7 +74,7 @@ TEST(HostSyncs, EveryCallReturningAValueCounts) {
   be.fill(one, 0.f);
   be.unscale_check_finite_into(g, 1.f, one);
   silent("unscale_check_finite_into");
-  be.softmax_xent_accumulate(logits, labels, probs, sums);
+  be.softmax_xent_accumulate(logits, labels, probs, sums, 0.f);
   silent("softmax_xent_accumulate");
   // The device-result forms agree with the returning ones.
   EXPECT_EQ(one.data<float>()[0], 0.f) << "all finite: the flag stays down";

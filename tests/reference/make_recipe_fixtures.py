@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Writes the PyTorch golden fixture of the training recipes for tests/ops/test_recipes.cpp:
+
+- label smoothing: torch.nn.functional.cross_entropy(label_smoothing=eps) on fixed logits [N, K]
+  (f32, including rows whose label is not the argmax and one with a tie), its mean loss and the
+  gradient of that mean with respect to the logits, for eps 0, 0.1 and 0.3;
+- top-5: for each row, whether the label is among torch.topk(logits, 5) (ties resolved as the
+  first index wins, which torch.topk on CPU does for these rows: the fixture has no tie at the
+  fifth place);
+- the poly schedule: torch.optim.lr_scheduler.PolynomialLR(total_iters=T, power=p) for p = 1, 2,
+  with and without linear warm-up (LinearLR then PolynomialLR, SequentialLR), one lr per step.
+
+Run: /usr/bin/python3 tests/reference/make_recipe_fixtures.py  (Debian's python3-torch)
+Format: tests/reference/make_reference.py's (b"RPLG0001", then named f32 tensors).
+"""
+import os, struct
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "recipes_golden.bin")
+
+
+def main():
+    torch.manual_seed(0)
+    out = {}
+    N, K = 12, 10
+    z = torch.randn(N, K, dtype=torch.float32) * 3
+    labels = torch.randint(0, K, (N,))
+    z[3, 7] = z[3].max() + 1.0   # a row whose label is surely not the argmax below
+    labels[3] = 2
+    z[5, 4] = z[5, 1] = z[5].max() + 0.5  # a tie for the first place
+    labels[5] = 4
+    out["logits"] = z.clone()
+    out["labels"] = labels.to(torch.float32)
+    for eps in (0.0, 0.1, 0.3):
+        zz = z.clone().requires_grad_(True)
+        loss = F.cross_entropy(zz, labels, label_smoothing=eps)
+        loss.backward()
+        tag = "%g" % eps
+        out["loss_eps" + tag] = loss.detach().reshape(1)
+        out["grad_eps" + tag] = zz.grad.detach()
+    top5 = torch.topk(z, 5, dim=1).indices
+    out["top5_hit"] = (top5 == labels[:, None]).any(dim=1).to(torch.float32)
+    out["top1_hit"] = (z.argmax(dim=1) == labels).to(torch.float32)
+    T, base = 20, 2.0
+    for power in (1.0, 2.0):
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
+        sched = torch.optim.lr_scheduler.PolynomialLR(opt, total_iters=T, power=power)
+        lrs = []
+        for _ in range(T + 3):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step(); sched.step()
+        out["poly_p%g" % power] = torch.tensor(lrs, dtype=torch.float32)
+    # Warm-up 5 steps (LinearLR from 0.1 of the lr), then PolynomialLR over the remaining 15.
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, end_factor=1.0, total_iters=5)
+    poly = torch.optim.lr_scheduler.PolynomialLR(opt, total_iters=15, power=2.0)
+    seq = torch.optim.lr_scheduler.SequentialLR(opt, [warm, poly], milestones=[5])
+    lrs = []
+    for _ in range(T + 3):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step(); seq.step()
+    out["poly_p2_warmup5"] = torch.tensor(lrs, dtype=torch.float32)
+    with open(OUT, "wb") as f:
+        f.write(b"RPLG0001"); f.write(struct.pack("<I", len(out)))
+        for name, t in out.items():
+            arr = np.ascontiguousarray(t.detach().numpy().astype(np.float32))
+            nb = name.encode(); f.write(struct.pack("<I", len(nb))); f.write(nb)
+            f.write(struct.pack("<I", arr.ndim)); f.write(struct.pack("<%dq" % arr.ndim, *arr.shape))
+            f.write(arr.tobytes())
+    print("wrote", OUT, "with", ", ".join(out))
+    print("torch", torch.__version__, "poly p2 warm-up:", [round(x, 5) for x in out["poly_p2_warmup5"].tolist()])
+
+
+if __name__ == "__main__":
+    main()
