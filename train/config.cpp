@@ -321,6 +321,22 @@ std::map<std::string, Section> schema(RunConfig& c) {
          value_of(t.label_smoothing),
          "training loss against (1 - e) onehot + e / K (PyTorch's label_smoothing); evaluation's loss stays plain",
          "a number in [0, 1)", ""},
+        {"ema_decay",
+         [&](auto& n, auto& l) {
+           const double d = as_double(n, l, -inf, inf);
+           if (!(d == 0 || (d > 0 && d < 1)))
+             fail(l, scalar(n, l) + " is not a moving-average decay; use a number in (0, 1), e.g. 0.9998, or 0 for none");
+           t.ema_decay = d;
+         },
+         value_of(t.ema_decay),
+         "keep a moving average of the weights (ema = decay ema + (1 - decay) w), evaluated beside them and saved as "
+         "model_ema.bin; 0: none",
+         "0, or a number in (0, 1)", "training.md#the-weights-moving-average-trainema_decay"},
+        int_key("ema_every", t.ema_every, 1, int64_t(1) << 30, "applied steps between the moving average's updates",
+                "training.md#the-weights-moving-average-trainema_decay"),
+        double_key("ema_warmup_epochs", t.ema_warmup_epochs, 0, 1e6,
+                   "the moving average is the model itself until then (torchvision: the lr warm-up)",
+                   "training.md#the-weights-moving-average-trainema_decay"),
         text_key("run_dir", t.run_dir, "a directory", "where config.yaml, metrics, checkpoints and the model go",
                  "training.md"),
         bool_key("eval", t.eval, "evaluate on the test split after every epoch"),

@@ -55,6 +55,9 @@ struct TrainConfig {
   int64_t log_every = 50;
   int64_t max_steps = 0;  // stop after this many steps (0 = no limit)
   double label_smoothing = 0;  // the target: (1 - e) onehot + e / K (PyTorch's label_smoothing)
+  double ema_decay = 0;        // the weights' moving average (train/ema.h); 0: none
+  int64_t ema_every = 1;       // applied steps between its updates
+  double ema_warmup_epochs = 0;  // the average is the model itself until then
   std::string run_dir = "runs/default";
   bool eval = true;
   int64_t eval_batch = 500;

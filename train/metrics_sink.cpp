@@ -38,18 +38,30 @@ std::string EvalRecord::line() const {
   char b[200];
   std::snprintf(b, sizeof b, "epoch %ld: test loss %.4f accuracy %.2f%% top-5 %.2f%% (%ld images), epoch took %.1f s",
                 (long)epoch, loss, 100 * accuracy, 100 * top5, (long)count, epoch_seconds);
-  return b;
+  std::string s = b;
+  if (ema_count) {
+    std::snprintf(b, sizeof b, "; moving average: loss %.4f accuracy %.2f%% top-5 %.2f%%", ema_loss, 100 * ema_accuracy,
+                  100 * ema_top5);
+    s += b;
+  }
+  return s;
 }
 
 std::string EvalRecord::json() const {
-  return json_line({{"kind", "eval"},
-                    {"step", step},
-                    {"epoch", epoch},
-                    {"loss", json_number(loss)},
-                    {"accuracy", json_number(accuracy)},
-                    {"top5", json_number(top5)},
-                    {"count", count},
-                    {"epoch_seconds", json_number(epoch_seconds)}});
+  Json j = {{"kind", "eval"},
+            {"step", step},
+            {"epoch", epoch},
+            {"loss", json_number(loss)},
+            {"accuracy", json_number(accuracy)},
+            {"top5", json_number(top5)},
+            {"count", count},
+            {"epoch_seconds", json_number(epoch_seconds)}};
+  if (ema_count) {
+    j["ema_loss"] = json_number(ema_loss);
+    j["ema_accuracy"] = json_number(ema_accuracy);
+    j["ema_top5"] = json_number(ema_top5);
+  }
+  return json_line(j);
 }
 
 void ProgressPrinter::step(const StepRecord& r, bool logged) {
@@ -93,6 +105,11 @@ void TensorBoardSink::eval(const EvalRecord& r) {
   w_.scalar("test/loss", static_cast<float>(r.loss), r.step);
   w_.scalar("test/accuracy", static_cast<float>(r.accuracy), r.step);
   w_.scalar("test/top5", static_cast<float>(r.top5), r.step);
+  if (r.ema_count) {
+    w_.scalar("test_ema/loss", static_cast<float>(r.ema_loss), r.step);
+    w_.scalar("test_ema/accuracy", static_cast<float>(r.ema_accuracy), r.step);
+    w_.scalar("test_ema/top5", static_cast<float>(r.ema_top5), r.step);
+  }
   w_.flush();
 }
 

@@ -31,6 +31,8 @@ struct StepRecord {
 struct EvalRecord {
   int64_t step = 0, epoch = 0, count = 0;  // epoch is 1-based
   double loss = 0, accuracy = 0, top5 = 0, epoch_seconds = 0;
+  int64_t ema_count = 0;  // the weights' moving average evaluated too (0: none)
+  double ema_loss = 0, ema_accuracy = 0, ema_top5 = 0;
   std::string line() const;
   std::string json() const;
 };

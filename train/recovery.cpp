@@ -171,7 +171,13 @@ Checkpoint Trainer::last_step_checkpoint(const std::vector<int>& survivors, int6
   const int64_t spe = sharding_->steps_per_epoch();
   // A shrinking run is never sharded (Trainer's constructor refuses it): keep's state is whole.
   const std::string params = tensor_to_bytes(keep.model->params());
-  return compose_checkpoint(keep, params, buffers, opt_state, step, step / spe, step % spe);
+  std::string ema;
+  std::vector<std::string> ema_buffers;
+  if (keep.ema) {  // the moving average after that step (updated right after each applied step)
+    ema = tensor_to_bytes(keep.ema->params());
+    for (const State& st : states_) ema_buffers.push_back(tensor_to_bytes((st.memory.step == step ? st : keep).ema->buffers()));
+  }
+  return compose_checkpoint(keep, params, buffers, opt_state, step, step / spe, step % spe, ema, ema_buffers);
 }
 
 namespace {

@@ -301,6 +301,14 @@ void Trainer::init_replica(parallel::Replica& rep, const Shape& s, DType compute
     copy = st.stage_stream.get();
   }
   st.inputs = std::make_unique<InputStager>(rep.pool(), copy, &rep.stream());
+  // The moving average starts as the model (a resume then loads the checkpoint's).
+  if (const EmaOptions eo = ema_options(); eo.on())
+    st.ema = std::make_unique<WeightEma>(rep.pool(), st.model->params(), st.model->buffers(), eo);
+}
+
+EmaOptions Trainer::ema_options() const {
+  return {cfg_.train.ema_decay, cfg_.train.ema_every,
+          std::llround(cfg_.train.ema_warmup_epochs * static_cast<double>(sharding_->steps_per_epoch()))};
 }
 
 Trainer::~Trainer() {
@@ -399,11 +407,14 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
         Timeline::Scope ev(timeline_.get(), 2 * rep.rank(), "evaluation", "eval");
         return evaluate_on(rep);
       }();
+      const EvalResult ee = st.ema ? evaluate_ema(rep) : EvalResult{};  // beside the live weights
       if (lead) loop.eval_seconds += std::chrono::duration<double>(Clock::now() - t_eval).count();
       if (lead) {
         loop.result.test = e;
+        loop.result.test_ema = ee;
         loop.sinks.eval({.step = step, .epoch = epoch + 1, .count = e.count, .loss = e.loss, .accuracy = e.accuracy,
-                         .top5 = e.top5, .epoch_seconds = epoch_seconds});
+                         .top5 = e.top5, .epoch_seconds = epoch_seconds, .ema_count = ee.count,
+                         .ema_loss = ee.loss, .ema_accuracy = ee.accuracy, .ema_top5 = ee.top5});
       }
     }
     if (!stop && checkpoints.at_epoch_end(step)) save_checkpoint(rep, loop, checkpoints, step, epoch + 1, 0);
@@ -423,6 +434,7 @@ void Trainer::fit_replica(parallel::Replica& rep, FitLoop& loop) {
                                        DType::f32, Device{});
     save_model(*st.model, params, st.model->buffers(), cfg_.train.run_dir + "/model.bin");
   });
+  if (st.ema) save_ema_model(rep);
   if (lead) loop.checkpoint_seconds += std::chrono::duration<double>(Clock::now() - t_save).count();
 }
 
@@ -459,6 +471,8 @@ StepStatus Trainer::train_step(parallel::Replica& rep, int64_t global_step, bool
     preempt_noticed_ = true;
   }
   StepStatus status = st.step->apply(optim::lr_at(sched_, st.opt->steps()), stop_requested() || preempted);
+  // After the update on the replica's stream: the moving average of what it wrote.
+  if (st.ema && status.applied) st.ema->after_step(st.opt->steps(), st.model->params(), st.model->buffers());
   if (plan && nth == 1) rep.pool().plan_record_end();
   if (plan && nth >= 2) rep.pool().plan_step_end();
   const std::string warning = st.pressure.observe(rep.device().str(), rep.pool().pop_scope().peak_in_use / 1048576.0,

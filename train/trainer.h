@@ -19,6 +19,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_policy.h"
 #include "train/config.h"
+#include "train/ema.h"
 #include "train/metrics_sink.h"
 #include "train/recovery.h"
 #include "train/run_report.h"
@@ -35,6 +36,7 @@ struct FitResult {
   int64_t steps = 0;
   double last_loss = 0;
   EvalResult test;
+  EvalResult test_ema;  // the weights' moving average (train.ema_decay; count 0: none)
   double seconds = 0;
   double images_per_second = 0;  // training throughput (evaluation excluded)
   int64_t skipped = 0;           // steps skipped for overflowing gradients (fp16)
@@ -95,6 +97,7 @@ class Trainer {
     // step this replica is running (for REPLICA_FAULT).
     StepMemory memory;
     int64_t running_step = 0;
+    std::unique_ptr<WeightEma> ema;  // train.ema_decay: the weights' moving average (train/ema.h)
     MemoryPool& input_pool(parallel::Replica& rep) { return staging ? *staging : rep.pool(); }
   };
   void init_schedule();
@@ -105,6 +108,13 @@ class Trainer {
   // Evaluation on the replicas' averaged statistics; the training state is left as it was.
   EvalResult evaluate_on(parallel::Replica& rep);
   EvalResult evaluate_averaged(parallel::Replica& rep);  // with the statistics already averaged
+  // The moving average evaluated as the model (every replica calls it): the live weights are put
+  // back after, bit for bit.
+  EvalResult evaluate_ema(parallel::Replica& rep);
+  // The moving average's f32 weights whole and its batch-norm statistics averaged over the
+  // replicas, as model_ema.bin holds them (every replica calls it; rank 0 writes).
+  void save_ema_model(parallel::Replica& rep);
+  EmaOptions ema_options() const;
 
   // The fit loop's state shared by the replica threads (written by rank 0).
   struct FitLoop {
@@ -138,17 +148,23 @@ class Trainer {
   // The f32 master parameters whole, as bytes (every replica must call it; rank 0 gets them, the
   // others too when sharded): params() itself, or gathered from the shards.
   std::string gather_masters(parallel::Replica& rep);
+  // `range` (f32, this replica's range of the masters: all of them, or its shard when sharded)
+  // whole on every replica, as bytes (every replica must call it).
+  std::string whole_of(parallel::Replica& rep, const Tensor& range);
   // A checkpoint of the master parameters `params` (f32 bytes, whole), `st`'s optimizer step count
   // and scaler, with every replica's batch-norm statistics (`buffers`, one per replica: the
   // checkpoint's world) and the whole optimizer state `opt_state`, at the given data position.
+  // With a moving average, `ema` holds its weights whole and `ema_buffers` its statistics per replica.
   Checkpoint compose_checkpoint(const State& st, const std::string& params, const std::vector<std::string>& buffers,
                                 const std::string& opt_state, int64_t global_step, int64_t epoch,
-                                int64_t step_in_epoch) const;
+                                int64_t step_in_epoch, const std::string& ema = "",
+                                const std::vector<std::string>& ema_buffers = {}) const;
   // Loads the newest valid checkpoint (falling back with a warning past damaged ones), or
   // `in_memory` (named opts_.resume in messages: a shrink's checkpoint, being written meanwhile).
   void load_resume_point(const Checkpoint* in_memory = nullptr);
   // One replica's part of it (run on the replica's thread).
   void restore_replica(parallel::Replica& rep, const Checkpoint& ck, int old_world, int64_t optimizer_steps);
+  void restore_ema(parallel::Replica& rep, const Checkpoint& ck, int old_world);
   // train/recovery.cpp. After each completed step (and at the start): what a shrink continues from.
   void remember_step(parallel::Replica& rep, int64_t step);
   // parallel.on_replica_failure: shrink, one process: when exactly one replica failed, writes the

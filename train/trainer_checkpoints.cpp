@@ -43,15 +43,25 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
   // replica count, sharded or not, resumes from it.
   const std::string opt_state = gather_optimizer_state(rep);
   const std::string masters = gather_masters(rep);
+  // The moving average (train.ema_decay): its weights whole, every replica's statistics.
+  const WeightEma* ema = states_[rep.local_index()].ema.get();
+  const std::string ema_whole = ema ? whole_of(rep, ema->params()) : std::string();
+  const std::vector<float> all_ema_buffers =
+      ema ? rep.all_gather(ema->buffers().data<float>(), static_cast<size_t>(ema->buffers().numel()))
+          : std::vector<float>();
   std::string path;
   fault_point(rep, "checkpoint");  // REPLICA_FAULT=...:checkpoint: after the gathers, before the file
   if (rep.rank() == 0) {
     const size_t nb = static_cast<size_t>(mine.numel());
-    std::vector<std::string> buffers;
-    for (int r = 0; r < replicas(); ++r)
+    std::vector<std::string> buffers, ema_buffers;
+    for (int r = 0; r < replicas(); ++r) {
       buffers.emplace_back(reinterpret_cast<const char*>(all_buffers.data() + r * nb), nb * sizeof(float));
+      if (ema) ema_buffers.emplace_back(reinterpret_cast<const char*>(all_ema_buffers.data() + r * nb), nb * sizeof(float));
+    }
     path = checkpoint_path(policy.dir(), global_step);
-    write_checkpoint(compose_checkpoint(states_[0], masters, buffers, opt_state, global_step, epoch, step_in_epoch), path);
+    write_checkpoint(compose_checkpoint(states_[0], masters, buffers, opt_state, global_step, epoch, step_in_epoch,
+                                        ema_whole, ema_buffers),
+                     path);
     rotate_checkpoints(policy.dir(), policy.keep_last());
   }
   rep.comm().barrier();
@@ -60,7 +70,8 @@ std::string Trainer::write_checkpoint_file(parallel::Replica& rep, const Checkpo
 
 Checkpoint Trainer::compose_checkpoint(const State& st, const std::string& params,
                                        const std::vector<std::string>& buffers, const std::string& opt_state,
-                                       int64_t global_step, int64_t epoch, int64_t step_in_epoch) const {
+                                       int64_t global_step, int64_t epoch, int64_t step_in_epoch,
+                                       const std::string& ema, const std::vector<std::string>& ema_buffers) const {
   Checkpoint c;
   c.sections["config"] = cfg_.resolved;
   c.set_meta({{"global_step", std::to_string(global_step)},
@@ -78,6 +89,10 @@ Checkpoint Trainer::compose_checkpoint(const State& st, const std::string& param
   c.sections["params"] = params;
   for (size_t r = 0; r < buffers.size(); ++r) c.sections["buffers." + std::to_string(r)] = buffers[r];
   c.sections["optimizer"] = opt_state;
+  if (!ema.empty()) {
+    c.sections["ema"] = ema;
+    for (size_t r = 0; r < ema_buffers.size(); ++r) c.sections["ema_buffers." + std::to_string(r)] = ema_buffers[r];
+  }
   if (st.scaler) {
     // Field by field into zeroed bytes of the struct's layout (what resume reads): a copy of the
     // struct would carry its padding, uninitialised, and two identical runs would write different
@@ -123,10 +138,16 @@ std::string Trainer::gather_masters(parallel::Replica& rep) {
   nn::Model& model = *states_[rep.local_index()].model;
   if (!model.masters_sharded()) return rep.rank() == 0 ? tensor_to_bytes(model.params()) : std::string();
   // Sharded: this replica's range copied straight into the whole buffer, the others gathered there.
+  return whole_of(rep, model.params());
+}
+
+std::string Trainer::whole_of(parallel::Replica& rep, const Tensor& range) {
+  nn::Model& model = *states_[rep.local_index()].model;
+  if (!model.masters_sharded()) return tensor_to_bytes(range);
   const int64_t total = std::max<int64_t>(model.num_params(), 1), lo = model.masters_lo(), hi = model.masters_hi();
   std::string whole(static_cast<size_t>(total) * sizeof(float), '\0');
   float* w = reinterpret_cast<float*>(whole.data());
-  if (hi > lo) copy_tensor(model.params().view(0, {hi - lo}), Tensor::wrap(w + lo, {hi - lo}, DType::f32, Device{}));
+  if (hi > lo) copy_tensor(range.view(0, {hi - lo}), Tensor::wrap(w + lo, {hi - lo}, DType::f32, Device{}));
   if (rep.world() > 1) {
     const parallel::ShardPlan& plan = states_[rep.local_index()].step->shard_plan();
     parallel::all_gather_v_host(rep.comm(), &rep.pool(), w, static_cast<size_t>(total),
@@ -201,18 +222,44 @@ ResumePoint check_resume_point(const Checkpoint& ck, const std::string& file, nn
   }
   return p;
 }
-// Every replica's batch-norm statistics averaged, for a resume on another replica count.
-std::vector<float> average_statistics(const Checkpoint& ck, int old_world, size_t n) {
+// Every replica's batch-norm statistics averaged, for a resume on another replica count (`prefix`:
+// "buffers." for the model's, "ema_buffers." for the moving average's).
+std::vector<float> average_statistics(const Checkpoint& ck, int old_world, size_t n, const std::string& prefix = "buffers.") {
   std::vector<double> acc(n, 0.0);
   std::vector<float> f(n);
   for (int r = 0; r < old_world; ++r) {
-    std::memcpy(f.data(), ck.sections.at("buffers." + std::to_string(r)).data(), n * sizeof(float));
+    std::memcpy(f.data(), ck.sections.at(prefix + std::to_string(r)).data(), n * sizeof(float));
     for (size_t i = 0; i < n; ++i) acc[i] += f[i];
   }
   for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(acc[i] / old_world);
   return f;
 }
 }  // namespace
+
+// The moving average from the checkpoint: this replica's range of its weights and its statistics
+// (its own on the same replica count, else the average). A checkpoint written without one (the
+// average turned on at the resume) starts it from the resumed weights, saying so.
+void Trainer::restore_ema(parallel::Replica& rep, const Checkpoint& ck, int old_world) {
+  auto& st = states_[rep.local_index()];
+  WeightEma& ema = *st.ema;
+  const auto it = ck.sections.find("ema");
+  if (it == ck.sections.end() || it->second.size() != ck.sections.at("params").size()) {
+    if (rep.rank() == 0) log_warn("train.ema_decay: the checkpoint holds no moving average; it starts from the resumed weights");
+    copy_tensor(st.model->params(), ema.params(), &rep.stream());
+    copy_tensor(st.model->buffers(), ema.buffers(), &rep.stream());
+    return;
+  }
+  const int64_t lo = st.model->masters_lo(), n = ema.params().numel();
+  tensor_from_bytes(ema.params(), it->second.data() + lo * sizeof(float), static_cast<size_t>(n) * sizeof(float));
+  const size_t nb = static_cast<size_t>(ema.buffers().numel());
+  if (old_world == replicas() && ck.sections.count("ema_buffers." + std::to_string(rep.rank()))) {
+    const std::string& mine = ck.sections.at("ema_buffers." + std::to_string(rep.rank()));
+    tensor_from_bytes(ema.buffers(), mine.data(), mine.size());
+  } else {
+    const std::vector<float> f = average_statistics(ck, old_world, nb, "ema_buffers.");
+    tensor_from_bytes(ema.buffers(), f.data(), f.size() * sizeof(float));
+  }
+}
 
 // One replica's part of a resume, from a checkpoint already checked whole: the masters (whole, or
 // its shard and the 16-bit copy whole), its batch-norm statistics (its own on the same replica
@@ -241,6 +288,7 @@ void Trainer::restore_replica(parallel::Replica& rep, const Checkpoint& ck, int 
     off += static_cast<size_t>(st.opt->total()) * sizeof(float);
   }
   st.opt->set_steps(optimizer_steps);
+  if (st.ema) restore_ema(rep, ck, old_world);
   if (st.scaler && ck.sections.count("scaler")) {
     optim::DynamicLossScaler::State ss;
     std::memcpy(&ss, ck.sections.at("scaler").data(), sizeof ss);

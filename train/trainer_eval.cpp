@@ -2,7 +2,10 @@
 // the replicas (the same model everywhere) and never changing the training state.
 #include "train/trainer.h"
 
+#include <cstring>
+
 #include "train/averaged_statistics.h"
+#include "train/model_io.h"
 
 namespace replica::train {
 
@@ -36,6 +39,46 @@ EvalResult Trainer::evaluate_averaged(parallel::Replica& rep) {
                 static_cast<float>(sums[3])};
   if (R > 1) rep.psum(f, 4);
   return {f[0] / f[2], f[1] / f[2], f[3] / f[2], static_cast<int64_t>(f[2])};
+}
+
+EvalResult Trainer::evaluate_ema(parallel::Replica& rep) {
+  auto& st = states_[rep.local_index()];
+  nn::Model& model = *st.model;
+  // The live weights whole (every replica, sharded or not) and the average's, then the average
+  // loaded as the model (load_masters: a shard takes its range, the 16-bit copy is rounded whole),
+  // evaluated on its statistics averaged over the replicas, and the live weights put back.
+  const std::string live = whole_of(rep, model.params()), average = whole_of(rep, st.ema->params());
+  const std::string live_buffers = tensor_to_bytes(model.buffers());
+  std::vector<float> w(average.size() / sizeof(float));
+  std::memcpy(w.data(), average.data(), average.size());
+  model.load_masters(w.data());
+  copy_tensor(st.ema->buffers(), model.buffers(), &rep.stream());
+  struct PutBack {
+    nn::Model& model;
+    const std::string& live;
+    const std::string& buffers;
+    ~PutBack() {
+      std::vector<float> v(live.size() / sizeof(float));
+      std::memcpy(v.data(), live.data(), live.size());
+      model.load_masters(v.data());
+      tensor_from_bytes(model.buffers(), buffers.data(), buffers.size());
+    }
+  } put_back{model, live, live_buffers};
+  return with_averaged_statistics(rep, model, [&] { return evaluate_averaged(rep); });
+}
+
+void Trainer::save_ema_model(parallel::Replica& rep) {
+  auto& st = states_[rep.local_index()];
+  const std::string average = whole_of(rep, st.ema->params());
+  std::string b = tensor_to_bytes(st.ema->buffers());
+  auto* f = reinterpret_cast<float*>(b.data());
+  const size_t n = b.size() / sizeof(float);
+  if (rep.world() > 1) rep.pmean(f, n);  // the statistics averaged, as model.bin's
+  if (rep.rank() != 0) return;
+  const Tensor params = Tensor::wrap(const_cast<char*>(average.data()),
+                                     {static_cast<int64_t>(average.size() / sizeof(float))}, DType::f32, Device{});
+  const Tensor buffers = Tensor::wrap(f, {static_cast<int64_t>(n)}, DType::f32, Device{});
+  save_model(*st.model, params, buffers, cfg_.train.run_dir + "/model_ema.bin");
 }
 
 EvalResult Trainer::evaluate() {

@@ -7,6 +7,8 @@
 - top-5: for each row, whether the label is among torch.topk(logits, 5) (ties resolved as the
   first index wins, which torch.topk on CPU does for these rows: the fixture has no tie at the
   fifth place);
+- one update of the weights' moving average: torch.optim.swa_utils.AveragedModel with
+  torchvision's ExponentialMovingAverage rule (decay * avg + (1 - decay) * param), decay 0.9;
 - the poly schedule: torch.optim.lr_scheduler.PolynomialLR(total_iters=T, power=p) for p = 1, 2,
   with and without linear warm-up (LinearLR then PolynomialLR, SequentialLR), one lr per step.
 
@@ -62,6 +64,20 @@ def main():
         lrs.append(opt.param_groups[0]["lr"])
         opt.step(); seq.step()
     out["poly_p2_warmup5"] = torch.tensor(lrs, dtype=torch.float32)
+    # The moving average: an AveragedModel of a Linear(8, 8) whose average holds `ema_before`, one
+    # update_parameters with the model at `ema_param`.
+    decay = 0.9
+    lin = torch.nn.Linear(8, 8)
+    avg = torch.optim.swa_utils.AveragedModel(lin, avg_fn=lambda a, p, n: decay * a + (1 - decay) * p)
+    with torch.no_grad():
+        before = torch.randn(8, 8)
+        avg.module.weight.copy_(before)
+        avg.n_averaged.fill_(1)  # past the first update, which copies
+        lin.weight.copy_(torch.randn(8, 8))
+    avg.update_parameters(lin)
+    out["ema_before"] = before.reshape(-1)
+    out["ema_param"] = lin.weight.detach().reshape(-1).clone()
+    out["ema_after"] = avg.module.weight.detach().reshape(-1).clone()
     with open(OUT, "wb") as f:
         f.write(b"RPLG0001"); f.write(struct.pack("<I", len(out)))
         for name, t in out.items():

@@ -355,6 +355,39 @@ TEST(Resume, WithEvaluationOnTheModelFileIsByteIdenticalAtEveryStopPosition) {
   }
 }
 
+// The recipes' state across a resume (#52): with the moving average (warm-up 3 steps, an update
+// every 2), label smoothing and the poly schedule on, evaluation after every epoch and sharded
+// 16-bit masters, N steps straight and N/2 + resume + N/2 leave byte-identical model.bin,
+// model_ema.bin and checkpoints (the average's weights and every replica's statistics in them),
+// and the same evaluation of the average.
+TEST(Resume, WithTheMovingAverageAndTheRecipesIsByteIdentical) {
+  for (const std::string shard : {"none", "optimizer"}) {
+    auto sets = [&](const std::string& d, int64_t steps) {
+      auto s = sets_for(d, 2, steps, "train.eval=true");
+      for (const char* k : {"checkpoint.every_epochs=1", "train.ema_decay=0.9", "train.ema_every=2",
+                            "train.ema_warmup_epochs=0.375", "train.label_smoothing=0.1", "optim.schedule=poly",
+                            "optim.warmup_epochs=0.5", "train.precision=bf16"})
+        s.push_back(k);
+      s.push_back("parallel.shard=" + shard);
+      return s;
+    };
+    const std::string d1 = dir_for("ema_straight_" + shard), d2 = dir_for("ema_split_" + shard);
+    const RunRecord straight = record(sets(d1, 14));
+    record(sets(d2, 7));
+    const RunRecord resumed = record(sets(d2, 14), d2);
+    EXPECT_TRUE(resumed.model_bin == straight.model_bin) << shard << ": model.bin differs";
+    EXPECT_TRUE(file_bytes(d2 + "/model_ema.bin") == file_bytes(d1 + "/model_ema.bin")) << shard << ": model_ema.bin differs";
+    EXPECT_FALSE(file_bytes(d1 + "/model_ema.bin") == straight.model_bin) << "the average is not the model";
+    ASSERT_TRUE(straight.checkpoint.count("ema") && straight.checkpoint.count("ema_buffers.1")) << shard;
+    for (auto& [name, bytes] : straight.checkpoint)
+      EXPECT_TRUE(resumed.checkpoint.count(name) && resumed.checkpoint.at(name) == bytes)
+          << shard << ": checkpoint section '" << name << "' differs";
+    EXPECT_GT(straight.fit.test_ema.count, 0) << "the average is evaluated beside the live weights";
+    EXPECT_EQ(resumed.fit.test_ema.accuracy, straight.fit.test_ema.accuracy);
+    EXPECT_EQ(resumed.fit.test_ema.loss, straight.fit.test_ema.loss);
+  }
+}
+
 TEST(Resume, OnAnotherReplicaCountKeepsTheGlobalBatch) {
   // 2 replicas with sync-BN normalise like 1 replica on the whole batch, so 4 steps on 2 replicas
   // then 4 on 1 replica match 8 steps on 2 up to float summation order (the equivalence test

@@ -1,7 +1,8 @@
 // The training recipes' arithmetic against PyTorch (tests/reference/make_recipe_fixtures.py,
 // tests/fixtures/recipes_golden.bin): label smoothing's loss and gradient
-// (F.cross_entropy(label_smoothing=e)), top-1 and top-5 (torch.topk), and the poly schedule
-// (torch.optim.lr_scheduler.PolynomialLR, alone and after a linear warm-up).
+// (F.cross_entropy(label_smoothing=e)), top-1 and top-5 (torch.topk), the poly schedule
+// (torch.optim.lr_scheduler.PolynomialLR, alone and after a linear warm-up) and one update of the
+// weights' moving average (torch.optim.swa_utils.AveragedModel, torchvision's EMA rule).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "optim/schedule.h"
 #include "support/fixture.h"
 #include "train/config.h"
+#include "train/ema.h"
 
 using namespace replica;
 
@@ -111,7 +113,7 @@ TEST(Recipes, PolyScheduleMatchesPyTorch) {
 // The recipe keys' bad values are errors naming the key and what to use.
 TEST(Recipes, BadValuesAreNamedErrors) {
   for (const char* bad : {"train.label_smoothing=1", "train.label_smoothing=-0.1", "optim.poly_power=0",
-                          "optim.schedule=polynomial"}) {
+                          "optim.schedule=polynomial", "train.ema_decay=1", "train.ema_decay=-0.5", "train.ema_every=0"}) {
     try {
       train::parse_config("", "test", {bad});
       ADD_FAILURE() << bad << " was accepted";
@@ -123,4 +125,38 @@ TEST(Recipes, BadValuesAreNamedErrors) {
   const auto c = train::parse_config("", "test", {"train.label_smoothing=0.1", "optim.schedule=poly", "optim.poly_power=2"});
   EXPECT_DOUBLE_EQ(c.train.label_smoothing, 0.1);
   EXPECT_EQ(c.optim.schedule, "poly");
+}
+
+// train.ema_decay: one update is torch.optim.swa_utils.AveragedModel's with torchvision's
+// ExponentialMovingAverage rule (decay * avg + (1 - decay) * param); the schedule copies the
+// model through the warm-up, then updates every `every` applied steps.
+TEST(Recipes, MovingAverageMatchesPyTorchAndFollowsItsSchedule) {
+  auto pool = make_pool(Device{DeviceKind::cpu, 0}, PoolOptions{});
+  auto& be = ops::backend_for(Device{DeviceKind::cpu, 0});
+  const auto& before = fixture().at("ema_before").data;
+  const auto& param = fixture().at("ema_param").data;
+  const auto& after = fixture().at("ema_after").data;
+  const int64_t n = static_cast<int64_t>(before.size());
+  Tensor ema = Tensor::empty(*pool, {n}, DType::f32, MemTag::other), p = Tensor::empty(*pool, {n}, DType::f32, MemTag::other);
+  std::copy(before.begin(), before.end(), ema.data<float>());
+  std::copy(param.begin(), param.end(), p.data<float>());
+  train::ema_update(be, ema, p, 0.9f);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(ema.data<float>()[i], after[i], 2e-7 * (1 + std::abs(after[i]))) << "element " << i;
+
+  Tensor w = Tensor::empty(*pool, {3}, DType::f32, MemTag::other), b = Tensor::empty(*pool, {2}, DType::f32, MemTag::other);
+  auto set = [&](float v) {
+    for (int i = 0; i < 3; ++i) w.data<float>()[i] = v;
+    for (int i = 0; i < 2; ++i) b.data<float>()[i] = -v;
+  };
+  set(1.f);
+  train::WeightEma avg(*pool, w, b, {.decay = 0.5, .every = 2, .warmup_steps = 2});
+  EXPECT_EQ(avg.params().data<float>()[0], 1.f) << "it starts as the model";
+  const float expect[][2] = {{2.f, 2.f}, {4.f, 4.f}, {8.f, 4.f}, {16.f, 10.f}, {32.f, 10.f}, {64.f, 37.f}};
+  for (int64_t step = 1; step <= 6; ++step) {  // warm-up copies at 1, 2; updates at 4 and 6
+    set(expect[step - 1][0]);
+    avg.after_step(step, w, b);
+    EXPECT_EQ(avg.params().data<float>()[2], expect[step - 1][1]) << "after step " << step;
+    EXPECT_EQ(avg.buffers().data<float>()[1], -expect[step - 1][1]) << "the statistics too, after step " << step;
+  }
 }
