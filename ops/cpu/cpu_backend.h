@@ -3,8 +3,8 @@
 // splits a kernel's rows over OpenMP threads (ops/cpu/threads.h), never a sum, so the bits do not
 // depend on the thread count.
 //
-// Compiled once per instruction-set level (ops/CMakeLists.txt: conv.cpp, kernels.cpp and
-// optim_kernels.cpp with -march=x86-64-v2, -v3, -v4), each copy in its own namespace
+// Compiled once per instruction-set level (ops/CMakeLists.txt's _cpu_kernel_sources: conv.cpp,
+// kernels.cpp, loss_kernels.cpp, optim_kernels.cpp, ... with -march=x86-64-v2, -v3, -v4), each copy in its own namespace
 // (isa_baseline, isa_avx2, isa_avx512; Eigen renamed the same way), so no inline function of one
 // level can stand in for another's at link time; ops/cpu/isa.h chooses one copy at start-up.
 #pragma once
