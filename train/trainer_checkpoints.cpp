@@ -191,15 +191,23 @@ ResumePoint check_resume_point(const Checkpoint& ck, const std::string& file, nn
   if (ck.sections.at("params").size() != pbytes)
     throw IoError(in("section 'params' holds " + std::to_string(ck.sections.at("params").size()) +
                      " bytes, the model needs " + std::to_string(pbytes) + " (another model or width?)"));
-  for (int r = 0; r < p.world; ++r) {
-    const std::string name = "buffers." + std::to_string(r);
-    auto it = ck.sections.find(name);
-    if (it == ck.sections.end())
-      throw IoError(in("section '" + name + "' is missing (the checkpoint ran on " + std::to_string(p.world) +
-                       " replicas)"));
-    if (it->second.size() != bbytes)
-      throw IoError(in("section '" + name + "' holds " + std::to_string(it->second.size()) + " bytes, the model needs " +
-                       std::to_string(bbytes)));
+  // The moving average (train.ema_decay), when the checkpoint has one: checked as the model's.
+  const bool ema = ck.sections.count("ema") > 0;
+  if (ema && ck.sections.at("ema").size() != pbytes)
+    throw IoError(in("section 'ema' holds " + std::to_string(ck.sections.at("ema").size()) + " bytes, the model needs " +
+                     std::to_string(pbytes)));
+  for (const char* prefix : {"buffers.", "ema_buffers."}) {
+    if (!ema && std::string(prefix) == "ema_buffers.") break;
+    for (int r = 0; r < p.world; ++r) {
+      const std::string name = prefix + std::to_string(r);
+      auto it = ck.sections.find(name);
+      if (it == ck.sections.end())
+        throw IoError(in("section '" + name + "' is missing (the checkpoint ran on " + std::to_string(p.world) +
+                         " replicas)"));
+      if (it->second.size() != bbytes)
+        throw IoError(in("section '" + name + "' holds " + std::to_string(it->second.size()) +
+                         " bytes, the model needs " + std::to_string(bbytes)));
+    }
   }
   const size_t need = opt.state().size() * static_cast<size_t>(opt.total()) * sizeof(float);  // whole, as written
   auto o = ck.sections.find("optimizer");
@@ -243,7 +251,7 @@ void Trainer::restore_ema(parallel::Replica& rep, const Checkpoint& ck, int old_
   auto& st = states_[rep.local_index()];
   WeightEma& ema = *st.ema;
   const auto it = ck.sections.find("ema");
-  if (it == ck.sections.end() || it->second.size() != ck.sections.at("params").size()) {
+  if (it == ck.sections.end()) {  // sizes were checked with the rest (check_resume_point)
     if (rep.rank() == 0) log_warn("train.ema_decay: the checkpoint holds no moving average; it starts from the resumed weights");
     copy_tensor(st.model->params(), ema.params(), &rep.stream());
     copy_tensor(st.model->buffers(), ema.buffers(), &rep.stream());
@@ -252,7 +260,7 @@ void Trainer::restore_ema(parallel::Replica& rep, const Checkpoint& ck, int old_
   const int64_t lo = st.model->masters_lo(), n = ema.params().numel();
   tensor_from_bytes(ema.params(), it->second.data() + lo * sizeof(float), static_cast<size_t>(n) * sizeof(float));
   const size_t nb = static_cast<size_t>(ema.buffers().numel());
-  if (old_world == replicas() && ck.sections.count("ema_buffers." + std::to_string(rep.rank()))) {
+  if (old_world == replicas()) {
     const std::string& mine = ck.sections.at("ema_buffers." + std::to_string(rep.rank()));
     tensor_from_bytes(ema.buffers(), mine.data(), mine.size());
   } else {

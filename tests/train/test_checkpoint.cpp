@@ -413,6 +413,29 @@ TEST(Resume, OnAnotherReplicaCountKeepsTheGlobalBatch) {
   EXPECT_EQ(t.accumulation(), 2);
 }
 
+// A checkpoint whose moving average does not fit the model (a crafted or mixed-up file) is named
+// and skipped before anything is applied, as its parameters would be: never a read past a section.
+TEST(Resume, AMovingAverageOfTheWrongSizeIsANamedErrorNotARead) {
+  const std::string d = dir_for("ema_crafted");
+  auto sets = sets_for(d, 2, 4, "train.ema_decay=0.9");
+  run(sets);
+  auto all = list_checkpoints(d + "/checkpoints");
+  ASSERT_EQ(all.size(), 1u);
+  for (const char* section : {"ema", "ema_buffers.1"}) {
+    Checkpoint ck = read_checkpoint(all[0]);
+    ck.sections.at(section).resize(ck.sections.at(section).size() / 2);
+    const std::string crafted = d + "/crafted.ckpt";
+    write_checkpoint(ck, crafted);
+    TrainerOptions o{.print = false, .on_step = nullptr, .resume = crafted};
+    try {
+      Trainer t(parse_config("", "test", sets), o);
+      ADD_FAILURE() << section << ": a half-size section was accepted";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("section '") + section + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Resume, FallsBackPastADamagedCheckpointAndRejectsAnotherModel) {
   std::string d = dir_for("fallback");
   auto sets = sets_for(d, 1, 6, "checkpoint.every_steps=3");
