@@ -139,13 +139,17 @@ void ReplicaLoader::produce(int64_t epoch, int64_t first_step) {
         const int64_t n = static_cast<int64_t>(idx.size());
         Batch b;
         b.images = Tensor::empty(pool_, {n, s[0], s[1], s[2]}, DType::f32, MemTag::data);
-        b.labels = Tensor::empty(pool_, {n}, DType::i32, MemTag::data);
+        const bool mixing = aug_.mix.enabled();
+        b.labels = mixing ? Tensor::empty(pool_, {n, 2}, DType::i32, MemTag::data)
+                          : Tensor::empty(pool_, {n}, DType::i32, MemTag::data);
+        std::vector<int32_t> plain(mixing ? n : 0);  // the labels before they take their weights
+        int32_t* labels = mixing ? plain.data() : b.labels.data<int32_t>();
         b.epoch = epoch;
         b.step = step;
         b.micro = micro;
         const int parts = static_cast<int>(std::min<int64_t>(workers_, n));
         if (parts <= 1) {
-          load_samples(ds_, idx, aug_, true, seed_, epoch, b.images.data<float>(), b.labels.data<int32_t>());
+          load_samples(ds_, idx, aug_, true, seed_, epoch, b.images.data<float>(), labels);
         } else {  // each sample's content depends on its index only, so the split changes nothing
           const int64_t per = s.numel(), chunk = (n + parts - 1) / parts;
           std::vector<std::thread> ts;
@@ -156,8 +160,7 @@ void ReplicaLoader::produce(int64_t epoch, int64_t first_step) {
                 const int64_t lo = p * chunk, hi = std::min(n, lo + chunk);
                 if (lo >= hi) return;
                 std::vector<int64_t> sub(idx.begin() + lo, idx.begin() + hi);
-                load_samples(ds_, sub, aug_, true, seed_, epoch, b.images.data<float>() + lo * per,
-                             b.labels.data<int32_t>() + lo);
+                load_samples(ds_, sub, aug_, true, seed_, epoch, b.images.data<float>() + lo * per, labels + lo);
               } catch (...) {
                 errs[p] = std::current_exception();
               }
@@ -165,6 +168,11 @@ void ReplicaLoader::produce(int64_t epoch, int64_t first_step) {
           for (auto& t : ts) t.join();
           for (auto& e : errs)
             if (e) std::rethrow_exception(e);
+        }
+        if (mixing) {  // after the whole micro-batch is in: a pair's halves may come from two threads
+          int32_t* lab2 = b.labels.data<int32_t>();
+          for (int64_t i = 0; i < n; ++i) lab2[2 * i] = plain[i];
+          mix_batch(aug_.mix, seed_, epoch, idx.data(), n, s[0], s[1], s[2], b.images.data<float>(), lab2);
         }
         std::lock_guard<std::mutex> lock(m_);
         queue_.push_back(std::move(b));

@@ -14,6 +14,7 @@
 #include "core/memory_pool.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
+#include "data/mixing.h"
 
 namespace replica::data {
 
@@ -22,6 +23,7 @@ struct AugmentOptions {
   bool hflip = false;        // random horizontal flip
   std::vector<float> mean;   // per channel, applied after scaling to [0,1]; empty = none
   std::vector<float> std;
+  MixOptions mix;            // mixup / cutmix in pairs after normalising (data/mixing.h)
 };
 
 class Sharding {
@@ -50,7 +52,7 @@ class Sharding {
 
 struct Batch {
   Tensor images;  // [n,H,W,C] f32, normalised
-  Tensor labels;  // [n] i32
+  Tensor labels;  // [n] i32, or [n, 2] when mixing: (label, weight of its own label; data/mixing.h)
   int64_t epoch = 0, step = 0;
   int micro = 0;
   int64_t n() const { return images.defined() ? images.dim(0) : 0; }

@@ -6,6 +6,20 @@
 
 namespace replica::ops {
 
+bool MixedLabels::check(const Tensor& labels, int64_t rows) {
+  const bool mixed = labels.shape().rank() == 2;
+  if (labels.dtype() != DType::i32 || (mixed ? labels.dim(1) != 2 : labels.shape().rank() != 1) || labels.dim(0) != rows)
+    throw ShapeError("softmax_cross_entropy: " + std::to_string(rows) + " rows of logits need i32 labels [" +
+                     std::to_string(rows) + "] (or [" + std::to_string(rows) + ", 2] mixed), got " + labels.str());
+  if (mixed && rows % 2 != 0)
+    throw ShapeError("softmax_cross_entropy: mixed labels pair rows 2k and 2k+1, but there are " +
+                     std::to_string(rows) + " rows");
+  return mixed;
+}
+
+MixedLabels::MixedLabels(const Tensor& labels, int64_t rows)
+    : p_(labels.data<int32_t>()), mixed_(check(labels, rows)) {}
+
 namespace {
 thread_local int64_t t_host_syncs = 0;
 }

@@ -82,6 +82,23 @@ inline float host_value(const StepScalar& s) { return s.at.defined() ? s.at.data
 int64_t host_syncs_on_this_thread();
 void note_host_sync();
 
+// Reads the loss's labels, [N] or mixed [N,2] (Backend::softmax_xent_forward), checking the shape.
+class MixedLabels {
+ public:
+  MixedLabels(const Tensor& labels, int64_t rows);
+  bool mixed() const { return mixed_; }
+  int32_t label(int64_t n) const { return p_[mixed_ ? 2 * n : n]; }
+  int32_t weight_q(int64_t n) const { return mixed_ ? p_[2 * n + 1] : int32_t(1) << 24; }
+  int32_t partner_label(int64_t n) const { return mixed_ ? p_[2 * (n ^ 1)] : p_[n]; }
+  static double weight(int32_t q) { return static_cast<double>(q) / static_cast<double>(int32_t(1) << 24); }
+  // The shape check alone (device labels): whether they are mixed.
+  static bool check(const Tensor& labels, int64_t rows);
+
+ private:
+  const int32_t* p_;
+  bool mixed_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -174,6 +191,11 @@ class Backend {
   // Softmax cross-entropy on f32 logits [N,K] and i32 labels [N]: writes probabilities, returns
   // the summed loss and how many labels are the first maximum (top-1) and among the 5 largest
   // logits (top-5: fewer than 5 logits larger, or equal at a lower index; every row when K <= 5).
+  // Mixed batches (mixup / cutmix in pairs, data/mixing.h) give labels [N,2], N even: row n's
+  // label and the weight w of it in units of 2^-24 (kMixLabelOne); the target is w onehot(label) +
+  // (1 - w) onehot(label of row n ^ 1), and top-1 / top-5 count the label of the larger weight
+  // (the row's own at w = 1/2). A row of weight 1 has the same bits as with labels [N].
+  static constexpr int32_t kMixLabelOne = 1 << 24;  // data::kMixOne
   struct LossResult {
     double loss_sum = 0;
     int64_t correct = 0;

@@ -38,6 +38,11 @@ struct DataConfig {
   std::vector<double> crop_scale{0.08, 1.0}, crop_ratio{0.75, 4.0 / 3.0};
   int64_t workers = 0;             // decode threads per replica; 0: the cores no CPU replica runs on
   bool skip_bad_files = false;
+  // mixup / cutmix in pairs of a micro-batch (data/mixing.h; timm's pair mode)
+  double mixup_alpha = 0, cutmix_alpha = 0;  // Beta(a, a); 0: off
+  double mix_prob = 1;                       // the chance a pair is mixed
+  double mix_switch_prob = 0.5;              // with both on, the chance of cutmix
+  int64_t mix_off_epoch = 0;                 // no mixing from this epoch on (0: never stops)
 };
 
 struct TrainConfig {

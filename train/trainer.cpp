@@ -156,6 +156,8 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
     cpu_tuning_ = ops::tune_cpu_kernels(nn::conv_geometries(probe->root(), {1, s[0], s[1], s[2]}), what).line();
   }
   aug_ = {cfg_.data.pad_crop, cfg_.data.hflip, cfg_.data.mean, cfg_.data.std};
+  const auto& d = cfg_.data;
+  aug_.mix = {d.mixup_alpha, d.cutmix_alpha, d.mix_prob, d.mix_switch_prob, d.mix_off_epoch};
   build(devices);
   if (plan && opts_.print)
     std::printf("replica: micro_batch auto: %ld fits (largest %ld; predicted peak %.1f MiB of %s), %d accumulation step(s)\n",
@@ -179,6 +181,10 @@ void Trainer::build(const std::vector<Device>& devices) {
                       " replicas for any whole number of accumulation steps; pick a global batch divisible by "
                       "micro_batch x replicas (" + std::to_string(std::max<int64_t>(micro_, 1) * R) + ")");
   accumulation_ = static_cast<int>(B / (micro_ * R));
+  if (aug_.mix.enabled() && micro_ % 2 != 0)
+    throw ConfigError("data.mixup_alpha / data.cutmix_alpha mix samples 2k and 2k+1 of a micro-batch, but the "
+                      "micro-batch is " + std::to_string(micro_) + " (odd); use an even train.micro_batch, or a "
+                      "global batch that splits into even micro-batches over " + std::to_string(R) + " replica(s)");
   sharding_ = std::make_unique<data::Sharding>(train_->size(), micro_, accumulation_, R, cfg_.train.seed, true);
   init_schedule();
   const DType compute = parse_dtype(cfg_.train.precision);

@@ -162,9 +162,11 @@ Backend::LossResult CudaBackend::softmax_xent_forward(const Tensor& logits, cons
   std::memcpy(c, host + sizeof loss, sizeof c);
   if (c[1]) {
     int32_t bad = 0;
-    fetch(ts, labels.data<int32_t>() + (c[1] - 1), &bad, sizeof bad);
-    throw ShapeError("softmax_cross_entropy: label " + std::to_string(bad) + " of sample " + std::to_string(c[1] - 1) +
-                     " is outside [0, " + std::to_string(K) + ")");
+    const int64_t row = c[1] - 1, stride = labels.shape().rank() == 2 ? 2 : 1;
+    fetch(ts, labels.data<int32_t>() + row * stride, &bad, sizeof bad);
+    throw ShapeError("softmax_cross_entropy: label " + std::to_string(bad) + " of sample " + std::to_string(row) +
+                     " is outside [0, " + std::to_string(K) + ")" +
+                     (stride == 2 ? " (or its pair's label, or its mixing weight, is out of range)" : ""));
   }
   return {loss, c[0], c[2]};
 }
@@ -180,7 +182,8 @@ void CudaBackend::softmax_xent_accumulate(const Tensor& logits, const Tensor& la
 
 void CudaBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels, const StepScalar& scale,
                                         const Tensor& dlogits, float smoothing) {
-  cuk::softmax_xent_backward(dp(probs), labels.data<int32_t>(), knob(scale, dlogits, "softmax_xent_backward"),
+  const bool mixed = MixedLabels::check(labels, probs.dim(0));
+  cuk::softmax_xent_backward(dp(probs), labels.data<int32_t>(), mixed, knob(scale, dlogits, "softmax_xent_backward"),
                              smoothing, dp(dlogits), as_int(probs.dim(0), "xent"), as_int(probs.dim(1), "xent"),
                              stream());
 }
@@ -348,17 +351,15 @@ void CudaBackend::rsqrt_eps(const Tensor& x, const Tensor& y, float eps) {
 double* CudaBackend::launch_xent(ThreadState& ts, const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                  float smoothing) {
   const int N = as_int(logits.dim(0), "softmax_cross_entropy"), K = as_int(logits.dim(1), "softmax_cross_entropy");
-  if (labels.numel() != N)
-    throw ShapeError("softmax_cross_entropy: " + std::to_string(N) + " rows of logits but " +
-                     std::to_string(labels.numel()) + " labels");
+  const bool mixed = MixedLabels::check(labels, N);
   cudaStream_t s = stream();
   // scratch: result (double) | counts (3 ints: correct, first bad row + 1, top-5 correct; two
   // doubles' room) | each row's loss (N doubles)
   double* result = static_cast<double*>(ts.get_scratch((3 + static_cast<size_t>(N)) * sizeof(double)));
   int* counts = reinterpret_cast<int*>(result + 1);
   REPLICA_CUDA_CHECK(cudaMemsetAsync(counts, 0, 3 * sizeof(int), s));
-  cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), dp(probs), N, K, smoothing, result + 3, result, counts,
-                            s);
+  cuk::softmax_xent_forward(dp(logits), labels.data<int32_t>(), mixed, dp(probs), N, K, smoothing, result + 3, result,
+                            counts, s);
   return result;
 }
 

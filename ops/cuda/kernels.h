@@ -147,13 +147,14 @@ void bias_grad(DPtr dy, float* db, int N, int O, cudaStream_t s);
 // result[0] = summed loss (double; the rows' losses go to row_loss[N] and are added in row order:
 // the same bits every run), counts[0] += correct argmax predictions, counts[1] = index + 1 of a row
 // whose label is outside [0, K) (0: none), counts[2] += rows whose label is among the 5 largest
-// logits (ties: the lower index first). The caller zeroes counts.
-void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K, float smoothing,
+// logits (ties: the lower index first). The caller zeroes counts. `mixed`: labels are [N, 2] pairs
+// (label, weight in units of 2^-24) mixed with row n ^ 1 (Backend::softmax_xent_forward).
+void softmax_xent_forward(DPtr logits, const int32_t* labels, bool mixed, DPtr probs, int N, int K, float smoothing,
                           double* row_loss, double* result, int* counts, cudaStream_t s);
 // sums[0] += result[0], sums[1] += counts[0], sums[2] += 1 if counts[1] (one thread, on-stream).
 void xent_fold(const double* result, const int* counts, float* sums, cudaStream_t s);
 // dlogits = (probs - target) * scale, the target as above.
-void softmax_xent_backward(DPtr probs, const int32_t* labels, Knob scale, float smoothing, DPtr dlogits, int N,
-                           int K, cudaStream_t s);
+void softmax_xent_backward(DPtr probs, const int32_t* labels, bool mixed, Knob scale, float smoothing, DPtr dlogits,
+                           int N, int K, cudaStream_t s);
 
 }  // namespace replica::ops::cuk

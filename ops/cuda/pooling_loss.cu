@@ -162,7 +162,21 @@ __global__ void k_gap_bwd(DPtr dy, DPtr dx, int N, int HW, int C) {
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
 // One block per row: max and first argmax, then the double sum of exponentials.
-__global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, float smoothing, double* row_loss,
+// Labels [N] or mixed [N,2] (Backend::softmax_xent_forward): the row's label, its weight in units
+// of 2^-24 and its partner's label (row ^ 1), as the CPU's MixedLabels reads them.
+struct RowLabels {
+  int a, b, q;
+  __device__ RowLabels(const int32_t* labels, bool mixed, int row)
+      : a(labels[mixed ? 2 * row : row]), b(a), q(mixed ? labels[2 * row + 1] : kMixOne) {
+    if (q != kMixOne) b = labels[2 * (row ^ 1)];
+  }
+  static constexpr int kMixOne = 1 << 24;
+  __device__ bool valid(int K) const { return a >= 0 && a < K && b >= 0 && b < K && q >= 0 && q <= kMixOne; }
+  __device__ int counted() const { return 2 * static_cast<int64_t>(q) >= kMixOne ? a : b; }  // top-1 / top-5's
+  __device__ double weight() const { return static_cast<double>(q) / kMixOne; }
+};
+
+__global__ void k_xent(DPtr z, const int32_t* labels, bool mixed, DPtr probs, int K, float smoothing, double* row_loss,
                        int* counts) {
   const int row = blockIdx.x;
   const int64_t base = static_cast<int64_t>(row) * K;
@@ -198,8 +212,9 @@ __global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, float s
   s = block_sum(s);
   // The label's rank (the logits before it: larger, or equal at a lower index) for top-5, and with
   // label smoothing the sum of the shifted logits (the uniform part of the target).
-  const int lab0 = labels[row];
-  const bool valid = lab0 >= 0 && lab0 < K;
+  const RowLabels rl(labels, mixed, row);
+  const bool valid = rl.valid(K);
+  const int lab0 = rl.counted();
   const float zy = valid ? ld(z.p, z.dt, base + lab0) : 0.f;
   double above = 0, shifted = 0;
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
@@ -215,28 +230,41 @@ __global__ void k_xent(DPtr z, const int32_t* labels, DPtr probs, int K, float s
   for (int k = threadIdx.x; k < K; k += blockDim.x)
     st(probs.mut(), probs.dt, base + k, static_cast<float>(exp(static_cast<double>(ld(z.p, z.dt, base + k)) - mx) / total));
   if (threadIdx.x == 0) {
-    const int lab = labels[row];
-    if (lab < 0 || lab >= K) {
+    const int lab = rl.a;
+    if (!valid) {
       row_loss[row] = 0;
       atomicCAS(counts + 1, 0, row + 1);  // the first bad row found
     } else {
       // Per row, summed in row order afterwards: the loss has the same bits in every run. Against
       // the target (1 - e) onehot + e / K (ops/cpu/kernels.cpp's formula).
+      // A mixed row's onehot is w onehot(a) + (1 - w) onehot(b).
       const double e = smoothing;
-      row_loss[row] = log(total) - (1 - e) * (static_cast<double>(ld(z.p, z.dt, base + lab)) - mx) -
-                      (e > 0 ? e / K * shifted : 0.0);
-      if (am == lab) atomicAdd(counts, 1);  // integers: any order gives the same count
+      const double own = rl.q == RowLabels::kMixOne
+                             ? static_cast<double>(ld(z.p, z.dt, base + lab)) - mx
+                             : rl.weight() * (static_cast<double>(ld(z.p, z.dt, base + lab)) - mx) +
+                                   (1.0 - rl.weight()) * (static_cast<double>(ld(z.p, z.dt, base + rl.b)) - mx);
+      row_loss[row] = log(total) - (1 - e) * own - (e > 0 ? e / K * shifted : 0.0);
+      if (am == lab0) atomicAdd(counts, 1);  // integers: any order gives the same count
       if (above < 5) atomicAdd(counts + 2, 1);
     }
   }
 }
 
-__global__ void k_xent_bwd(DPtr probs, const int32_t* labels, Knob scale_k, float smoothing, DPtr d, int N, int K) {
+__global__ void k_xent_bwd(DPtr probs, const int32_t* labels, bool mixed, Knob scale_k, float smoothing, DPtr d, int N,
+                           int K) {
   const float scale = scale_k.get();
   const float on = 1.f - smoothing, off = smoothing / static_cast<float>(K);  // the target's two values
   GRID_STRIDE(i, static_cast<int64_t>(N) * K) {
     const int n = static_cast<int>(i / K), k = static_cast<int>(i % K);
-    st(d.mut(), d.dt, i, (ld(probs.p, probs.dt, i) - ((k == labels[n] ? on : 0.f) + off)) * scale);
+    const RowLabels rl(labels, mixed, n);
+    float target;
+    if (rl.q == RowLabels::kMixOne) {
+      target = (k == rl.a ? on : 0.f) + off;
+    } else {
+      const float w = static_cast<float>(rl.weight());
+      target = (k == rl.a ? on * w : 0.f) + (k == rl.b ? on * (1.f - w) : 0.f) + off;
+    }
+    st(d.mut(), d.dt, i, (ld(probs.p, probs.dt, i) - target) * scale);
   }
 }
 
@@ -302,13 +330,13 @@ void global_avgpool_backward(DPtr dy, DPtr dx, int N, int HW, int C, cudaStream_
   LAUNCH_UNROLLED(k_gap_bwd, static_cast<int64_t>(N) * HW * C, s, dy, dx, N, HW, C);
 }
 
-void softmax_xent_forward(DPtr logits, const int32_t* labels, DPtr probs, int N, int K, float smoothing,
+void softmax_xent_forward(DPtr logits, const int32_t* labels, bool mixed, DPtr probs, int N, int K, float smoothing,
                           double* row_loss, double* result, int* counts, cudaStream_t s) {
   if (N <= 0) {
     REPLICA_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), s));
     return;
   }
-  k_xent<<<N, kThreads, 0, s>>>(logits, labels, probs, K, smoothing, row_loss, counts);
+  k_xent<<<N, kThreads, 0, s>>>(logits, labels, mixed, probs, K, smoothing, row_loss, counts);
   check_launch("k_xent");
   sum_partials(row_loss, N, result, s);
 }
@@ -316,9 +344,9 @@ void xent_fold(const double* result, const int* counts, float* sums, cudaStream_
   k_xent_fold<<<1, 1, 0, s>>>(result, counts, sums);
   check_launch("k_xent_fold");
 }
-void softmax_xent_backward(DPtr probs, const int32_t* labels, Knob scale, float smoothing, DPtr dlogits, int N, int K,
-                           cudaStream_t s) {
-  LAUNCH(k_xent_bwd, static_cast<int64_t>(N) * K, s, probs, labels, scale, smoothing, dlogits, N, K);
+void softmax_xent_backward(DPtr probs, const int32_t* labels, bool mixed, Knob scale, float smoothing, DPtr dlogits,
+                           int N, int K, cudaStream_t s) {
+  LAUNCH(k_xent_bwd, static_cast<int64_t>(N) * K, s, probs, labels, mixed, scale, smoothing, dlogits, N, K);
 }
 
 }  // namespace replica::ops::cuk

@@ -413,6 +413,42 @@ TEST_P(BackendConformance, ElementwisePoolingLinearLoss) {
   }
 }
 
+// Mixed labels [N, 2] (mixup / cutmix in pairs, data/mixing.h): the soft target's loss, counts,
+// probabilities and gradient agree with the CPU, smoothed, with weights 1, 1/2, ~0.3 and 0; a
+// partner's label out of range is an error on both.
+TEST_P(BackendConformance, MixedLabelsSoftTargetLoss) {
+  const DType dt = dtype();
+  const int64_t N = 8, K = 37;
+  auto logits = randv(N * K, 61, -3.f, 3.f);
+  const int32_t one = 1 << 24;
+  std::vector<int32_t> lab{0, one, 36, one, 5, one / 2, 9, one / 2, 12, 5033165, 1, 5033165, 20, 0, 21, 0};
+  Tensor o[2][2];
+  ops::Backend::LossResult loss[2];
+  int i = 0;
+  for (Side* s : {cpu.get(), cand.get()}) {
+    Tensor z = s->put(logits, {N, K}, dt), l = s->put_i32(lab).view(0, {N, 2});
+    o[i][0] = s->empty({N, K});
+    Tensor sums = s->put({0.f, 0.f, 0.f}, {3});
+    s->be->softmax_xent_accumulate(z, l, o[i][0], sums, 0.1f);
+    auto h = host_floats(sums);
+    loss[i] = {h[0], static_cast<int64_t>(h[1]), 0};
+    o[i][1] = s->empty({N, K}, dt);
+    s->be->softmax_xent_backward(o[i][0], l, 0.125f, o[i][1], 0.1f);
+    i++;
+  }
+  const double t = tol(dt);
+  expect_close("mixed softmax probabilities", o[1][0], o[0][0], t);
+  expect_close("mixed softmax_xent_backward, smoothing 0.1", o[1][1], o[0][1], t);
+  EXPECT_NEAR(loss[1].loss_sum, loss[0].loss_sum, 1e-4 + tol(dt) * std::abs(loss[0].loss_sum));
+  EXPECT_EQ(loss[1].correct, loss[0].correct);
+  for (Side* s : {cpu.get(), cand.get()}) {
+    auto bad = lab;
+    bad[14] = K;  // row 7's label: row 6 (weight 0) takes all of its target from it
+    Tensor z = s->put(logits, {N, K}), l = s->put_i32(bad).view(0, {N, 2}), p = s->empty({N, K});
+    EXPECT_THROW(s->be->softmax_xent_forward(z, l, p), ShapeError) << s->device.str();
+  }
+}
+
 // Max pooling where the CUDA backend takes its 8-channel vector forms (C a multiple of 8): ResNet's
 // stem pooling (3x3, stride 2, pad 1) on odd and even sizes, with values on a coarse grid so that
 // windows hold ties (the first in window order wins on both backends: the argmax must be equal).

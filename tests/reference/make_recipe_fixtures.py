@@ -10,7 +10,10 @@
 - one update of the weights' moving average: torch.optim.swa_utils.AveragedModel with
   torchvision's ExponentialMovingAverage rule (decay * avg + (1 - decay) * param), decay 0.9;
 - the poly schedule: torch.optim.lr_scheduler.PolynomialLR(total_iters=T, power=p) for p = 1, 2,
-  with and without linear warm-up (LinearLR then PolynomialLR, SequentialLR), one lr per step.
+  with and without linear warm-up (LinearLR then PolynomialLR, SequentialLR), one lr per step;
+- mixup and cutmix in pairs: the soft target's loss and gradient (F.cross_entropy with
+  probability targets, e = 0 and 0.1) for given weights, and two images mixed both ways by mixup
+  (lambda * a + (1 - lambda) * b) and by cutmix (a box exchanged).
 
 Run: /usr/bin/python3 tests/reference/make_recipe_fixtures.py  (Debian's python3-torch)
 Format: tests/reference/make_reference.py's (b"RPLG0001", then named f32 tensors).
@@ -78,6 +81,34 @@ def main():
     out["ema_before"] = before.reshape(-1)
     out["ema_param"] = lin.weight.detach().reshape(-1).clone()
     out["ema_after"] = avg.module.weight.detach().reshape(-1).clone()
+    # Mixup / cutmix in pairs (data/mixing.h): rows 2k and 2k+1 mix with one weight w_k of their own
+    # label (a multiple of 2^-24, as replica carries it), the target w onehot(y_n) + (1 - w)
+    # onehot(y_(n^1)) as torchvision's v2.MixUp builds it (one_hot, then lam * t + (1 - lam) * rolled),
+    # and F.cross_entropy with probability targets, smoothed or not.
+    q = torch.tensor([16777216, 8388608, 3355443, 12582912, 0, 10000000], dtype=torch.int64)  # 1, 1/2, ~0.2, 3/4, 0, ~0.6
+    w = (q.to(torch.float64) / 2**24).repeat_interleave(2)
+    partner = torch.arange(N) ^ 1
+    onehot = F.one_hot(labels, K).to(torch.float64)
+    soft = (w[:, None] * onehot + (1 - w[:, None]) * onehot[partner]).to(torch.float32)
+    out["mix_weight_q"] = q.to(torch.float32)
+    for eps in (0.0, 0.1):
+        zz = z.clone().requires_grad_(True)
+        loss = F.cross_entropy(zz, soft, label_smoothing=eps)
+        loss.backward()
+        tag = "%g" % eps
+        out["mix_loss_eps" + tag] = loss.detach().reshape(1)
+        out["mix_grad_eps" + tag] = zz.grad.detach()
+    # The images: two 6x5x3 samples, mixup with lambda 0.3 (2^-24 multiple) both ways, and cutmix's
+    # box rows [1, 4) x columns [2, 5) exchanged, with its lambda 1 - 9/30.
+    a, b = torch.rand(6, 5, 3), torch.rand(6, 5, 3)
+    lam = 5033165 / 2**24
+    out["mix_a"], out["mix_b"] = a.clone(), b.clone()
+    out["mixup_a"] = lam * a + (1 - lam) * b
+    out["mixup_b"] = lam * b + (1 - lam) * a
+    ca, cb = a.clone(), b.clone()
+    ca[1:4, 2:5, :] = b[1:4, 2:5, :]
+    cb[1:4, 2:5, :] = a[1:4, 2:5, :]
+    out["cutmix_a"], out["cutmix_b"] = ca, cb
     with open(OUT, "wb") as f:
         f.write(b"RPLG0001"); f.write(struct.pack("<I", len(out)))
         for name, t in out.items():
