@@ -283,6 +283,8 @@ int bench_data(const DataBenchOptions& o) {
               cfg.data.dataset.c_str());
   std::printf("%8s %12s %14s\n", "workers", "images/s", "per worker");
   data::AugmentOptions aug{cfg.data.pad_crop, cfg.data.hflip, cfg.data.mean, cfg.data.std};
+  aug.policy = {data::parse_augment_policy(cfg.data.augment), static_cast<int>(cfg.data.randaugment_ops),
+                static_cast<int>(cfg.data.randaugment_magnitude), cfg.data.random_erase};
   double one = 0;
   for (int w : o.workers) {
     std::vector<std::thread> ts;

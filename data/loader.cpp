@@ -89,9 +89,14 @@ void load_samples(const Dataset& ds, const std::vector<int64_t>& idx, const Augm
     } else if (augment) {
       std::copy(tmp.begin(), tmp.end(), dst);
     }
+    // The policies' own stream: (seed, epoch, index) as every draw here, apart from the crop's.
+    const uint64_t pkey = mix(mix(seed ^ 0x706f6cull) ^ mix(static_cast<uint64_t>(epoch) * 0x9e37ull) ^
+                              static_cast<uint64_t>(idx[b]));
+    if (augment) apply_policy(aug.policy, pkey, dst, H, W, C);  // on the 8-bit image, as torchvision
     if (!aug.mean.empty())
       for (int64_t p = 0; p < H * W; ++p)
         for (int64_t c = 0; c < C; ++c) dst[p * C + c] = (dst[p * C + c] - aug.mean[c]) / aug.std[c];
+    if (augment) random_erase(aug.policy, pkey, dst, H, W, C);  // after Normalize, as torchvision's recipe
   }
 }
 
@@ -103,6 +108,9 @@ ReplicaLoader::ReplicaLoader(const Dataset& ds, const Sharding& sharding, int ra
   if (!aug_.mean.empty() && (static_cast<int64_t>(aug_.mean.size()) != C || aug_.std.size() != aug_.mean.size()))
     throw ConfigError("data.normalize: mean and std need " + std::to_string(C) + " values (one per channel) for " +
                       ds.name());
+  if (aug_.policy.policy != AugmentPolicy::none && C != 1 && C != 3)
+    throw ConfigError("data.augment: " + augment_policy_name(aug_.policy.policy) + " takes images of 1 or 3 channels; " +
+                      ds.name() + " has " + std::to_string(C));
 }
 
 ReplicaLoader::~ReplicaLoader() { stop(); }

@@ -13,6 +13,7 @@
 
 #include "core/memory_pool.h"
 #include "core/tensor.h"
+#include "data/augment_policies.h"
 #include "data/dataset.h"
 #include "data/mixing.h"
 
@@ -24,6 +25,7 @@ struct AugmentOptions {
   std::vector<float> mean;   // per channel, applied after scaling to [0,1]; empty = none
   std::vector<float> std;
   MixOptions mix;            // mixup / cutmix in pairs after normalising (data/mixing.h)
+  PolicyOptions policy;      // AutoAugment / RandAugment / TrivialAugment before, random erasing after normalising
 };
 
 class Sharding {

@@ -43,6 +43,10 @@ struct DataConfig {
   double mix_prob = 1;                       // the chance a pair is mixed
   double mix_switch_prob = 0.5;              // with both on, the chance of cutmix
   int64_t mix_off_epoch = 0;                 // no mixing from this epoch on (0: never stops)
+  // automatic augmentation (data/augment_policies.h)
+  std::string augment = "none";              // none | randaugment | trivialaugment | autoaugment
+  int64_t randaugment_ops = 2, randaugment_magnitude = 9;
+  double random_erase = 0;                   // probability (torchvision's RandomErasing)
 };
 
 struct TrainConfig {

@@ -158,6 +158,8 @@ Trainer::Trainer(RunConfig cfg, TrainerOptions opts) : cfg_(std::move(cfg)), opt
   aug_ = {cfg_.data.pad_crop, cfg_.data.hflip, cfg_.data.mean, cfg_.data.std};
   const auto& d = cfg_.data;
   aug_.mix = {d.mixup_alpha, d.cutmix_alpha, d.mix_prob, d.mix_switch_prob, d.mix_off_epoch};
+  aug_.policy = {data::parse_augment_policy(d.augment), static_cast<int>(d.randaugment_ops),
+                 static_cast<int>(d.randaugment_magnitude), d.random_erase};
   build(devices);
   if (plan && opts_.print)
     std::printf("replica: micro_batch auto: %ld fits (largest %ld; predicted peak %.1f MiB of %s), %d accumulation step(s)\n",
