@@ -12,6 +12,7 @@
 #include "core/alloc_trace.h"
 #include "core/lifetime_packing.h"
 #include "core/errors.h"
+#include "core/file_io.h"
 
 #include <algorithm>
 #include <unordered_map>
@@ -306,6 +307,60 @@ int bench_data(const DataBenchOptions& o) {
     const double ips = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - t0).count();
     if (w == o.workers.front()) one = ips / w;
     std::printf("%8d %12.1f %14.1f   (%.2fx the first row per worker)\n", w, ips, ips / w, ips / w / std::max(one, 1e-9));
+  }
+  return 0;
+}
+
+int bench_augment(const AugmentBenchOptions& o) {
+  const auto cfg = train::load_config(o.config, o.sets);
+  const auto ds = train::make_dataset(cfg.data, "train");
+  const Shape s = ds->sample_shape();
+  const int64_t H = s[0], W = s[1], C = s[2], per = s.numel();
+  const int64_t n = std::min<int64_t>(o.images, ds->size());
+  // The training crops (crop and flip, no policy, no normalising), as 8-bit pixels.
+  data::AugmentOptions crop{cfg.data.pad_crop, cfg.data.hflip, {}, {}};
+  std::vector<int64_t> idx(n);
+  for (int64_t i = 0; i < n; ++i) idx[i] = i;
+  std::vector<float> images(static_cast<size_t>(n * per));
+  std::vector<int32_t> labels(n);
+  data::load_samples(*ds, idx, crop, true, 1, 0, images.data(), labels.data());
+  for (auto& v : images) v = std::nearbyint(std::clamp(v, 0.f, 1.f) * 255.f) / 255.f;  // on the 8-bit grid
+  if (!o.dump.empty()) {
+    std::string header = "{'descr': '|u1', 'fortran_order': False, 'shape': (" + std::to_string(n) + ", " +
+                         std::to_string(H) + ", " + std::to_string(W) + ", " + std::to_string(C) + "), }";
+    header.resize(((header.size() + 11 + 63) / 64) * 64 - 11, ' ');
+    header += '\n';
+    std::string bytes = std::string("\x93NUMPY\x01\x00", 8);
+    bytes += static_cast<char>(header.size() & 0xff);
+    bytes += static_cast<char>(header.size() >> 8);
+    bytes += header;
+    for (float v : images) bytes += static_cast<char>(static_cast<uint8_t>(std::nearbyint(v * 255.f)));
+    write_file_atomic(o.dump, bytes);
+  }
+  std::printf("# replica bench augment: %s, %ld training crops of %ldx%ldx%ld, one thread\n", ds->name().c_str(), (long)n,
+              (long)H, (long)W, (long)C);
+  std::printf("%-28s %12s\n", "policy", "images/s");
+  struct Row {
+    const char* name;
+    data::PolicyOptions p;
+  };
+  const Row rows[] = {{"randaugment (2 ops, m 9)", {.policy = data::AugmentPolicy::randaugment}},
+                      {"trivialaugment (wide)", {.policy = data::AugmentPolicy::trivialaugment}},
+                      {"autoaugment (imagenet)", {.policy = data::AugmentPolicy::autoaugment}},
+                      {"random_erase (p 1)", {.random_erase = 1.0}}};
+  std::vector<float> x(static_cast<size_t>(per));
+  for (const Row& r : rows) {
+    const auto t0 = Clock::now();
+    int64_t done = 0;
+    while (done < n || std::chrono::duration<double>(Clock::now() - t0).count() < 1.0) {
+      const int64_t i = done % n;
+      std::copy_n(images.data() + i * per, per, x.data());
+      if (r.p.random_erase > 0) data::random_erase(r.p, static_cast<uint64_t>(done), x.data(), H, W, C);
+      else data::apply_policy(r.p, static_cast<uint64_t>(done), x.data(), H, W, C);
+      ++done;
+    }
+    const double ips = static_cast<double>(done) / std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("%-28s %12.1f\n", r.name, ips);
   }
   return 0;
 }

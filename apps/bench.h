@@ -44,6 +44,18 @@ struct DataBenchOptions {
 };
 int bench_data(const DataBenchOptions& o);
 
+// The augmentation policies alone (data/augment_policies.h): images per second on one core for
+// each policy and random erasing, on the configured data set's training crops. `dump` writes those
+// images as a NumPy .npy (uint8 [N, H, W, C]) for bench/anchors/torch_augment.py to time
+// torchvision's transforms on the same pixels.
+struct AugmentBenchOptions {
+  std::string config;
+  std::vector<std::string> sets;
+  int64_t images = 256;
+  std::string dump;
+};
+int bench_augment(const AugmentBenchOptions& o);
+
 // The memory-bound ops (batch norm, ReLU, add, casts, axpy) on ResNet-50's activation shapes: GB/s
 // of the bytes each must move, beside a device copy of the same tensor (apps/bench_kernels.cpp).
 struct KernelBenchOptions {

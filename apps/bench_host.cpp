@@ -351,7 +351,7 @@ int bench_host(const HostBenchOptions& o) {
   if (gpu) cuda::set_device(0);
   models::ResNetConfig cfg;
   cfg.arch = o.arch;
-  const bool imagenet = o.arch == "resnet18" || o.arch == "resnet34" || o.arch == "resnet50";
+  const bool imagenet = models::imagenet_style(o.arch);
   cfg.in_channels = imagenet ? 3 : 1;
   cfg.height = cfg.width = imagenet ? 224 : 28;
   cfg.num_classes = imagenet ? 1000 : 10;

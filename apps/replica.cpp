@@ -205,6 +205,7 @@ struct Args {
   apps::TrainBenchOptions tb;
   std::string replay;
   apps::DataBenchOptions db;
+  apps::AugmentBenchOptions ab;
   apps::KernelBenchOptions kb;
   apps::HostBenchOptions hb;
   apps::PlanArgs plan;
@@ -212,7 +213,7 @@ struct Args {
 
 struct Commands {
   CLI::App *train, *eval, *devices, *memplan, *plan, *export_, *import, *report, *pack, *config;
-  CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data, *bench_kernels, *bench_host;
+  CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data, *bench_augment, *bench_kernels, *bench_host;
 };
 
 void add_config_options(CLI::App* c, Args& a) {
@@ -324,6 +325,11 @@ void add_bench_commands(CLI::App& app, Args& a, Commands& c) {
   c.bench_data->add_option("--set", a.db.sets, "override a key (repeatable)");
   c.bench_data->add_option("--workers", a.db.workers, "worker counts to run, e.g. --workers 1 2");
   c.bench_data->add_option("--images", a.db.images, "images per run (default 2048)");
+  c.bench_augment = bench->add_subcommand("augment", "images/s of each augmentation policy alone, on one core");
+  c.bench_augment->add_option("config", a.ab.config, "YAML run configuration (its data set's training crops)");
+  c.bench_augment->add_option("--set", a.ab.sets, "override a key (repeatable)");
+  c.bench_augment->add_option("--images", a.ab.images, "distinct images (default 256)");
+  c.bench_augment->add_option("--dump", a.ab.dump, "write the images as .npy for bench/anchors/torch_augment.py");
   c.bench_kernels = bench->add_subcommand("kernels", "GB/s of the memory-bound ops beside a device copy of the same bytes");
   c.bench_kernels->add_option("--kind", a.kb.kind, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   c.bench_kernels->add_option("--dtype", a.kb.dtype, "storage dtype: bf16 (default), fp16 or fp32")
@@ -395,6 +401,7 @@ int dispatch(const Commands& c, Args& a) {
   if (*c.bench_train) return apps::bench_train(a.tb);
   if (*c.bench_alloc) return apps::bench_alloc(a.replay);
   if (*c.bench_data) return apps::bench_data(a.db);
+  if (*c.bench_augment) return apps::bench_augment(a.ab);
   if (*c.bench_kernels) return apps::bench_kernels(a.kb);
   if (*c.bench_host) return apps::bench_host(a.hb);
   return 0;

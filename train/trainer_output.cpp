@@ -133,6 +133,26 @@ void Trainer::print_start() const {
               (long)cfg_.train.global_batch, (long)micro_, accumulation_, accumulation_ > 1 ? "s" : "", R,
               R > 1 ? "s" : "", (long)total_steps_, (long)sharding_->steps_per_epoch(), cfg_.optim.name.c_str(),
               sched_.base_lr, sched_.kind.c_str(), precision.c_str());
+  {  // the training recipe beyond the optimizer, when there is one: what a reader compares with a paper's
+    const auto& d = cfg_.data;
+    const auto& t = cfg_.train;
+    std::string recipe;
+    auto add = [&](const std::string& part) { recipe += (recipe.empty() ? "" : ", ") + part; };
+    char buf[160];
+    if (t.label_smoothing > 0) std::snprintf(buf, sizeof buf, "label smoothing %g", t.label_smoothing), add(buf);
+    if (d.mixup_alpha > 0 || d.cutmix_alpha > 0) {
+      std::snprintf(buf, sizeof buf, "mixup %g / cutmix %g in pairs (prob %g, cutmix share %g%s)", d.mixup_alpha,
+                    d.cutmix_alpha, d.mix_prob, d.mix_switch_prob,
+                    d.mix_off_epoch ? (", off from epoch " + std::to_string(d.mix_off_epoch)).c_str() : "");
+      add(buf);
+    }
+    if (d.augment == "randaugment")
+      std::snprintf(buf, sizeof buf, "randaugment %ld ops at %ld/30", (long)d.randaugment_ops, (long)d.randaugment_magnitude), add(buf);
+    else if (d.augment != "none") add(d.augment);
+    if (d.random_erase > 0) std::snprintf(buf, sizeof buf, "random erase %g", d.random_erase), add(buf);
+    if (t.ema_decay > 0) std::snprintf(buf, sizeof buf, "weights' moving average %g every %ld step(s)", t.ema_decay, (long)t.ema_every), add(buf);
+    if (!recipe.empty()) std::printf("replica: recipe: %s\n", recipe.c_str());
+  }
   if (!cpu_tuning_.empty())
     std::printf("replica: cpu kernels %s; %s\n", ops::cpu_kernel_variant().name, cpu_tuning_.c_str());
   if (group_->replica(0).device().kind == DeviceKind::cuda)

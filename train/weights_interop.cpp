@@ -8,12 +8,11 @@
 #include "core/dtype.h"
 #include "core/errors.h"
 #include "core/safetensors.h"
+#include "ops/models/resnet.h"
 
 namespace replica::train {
 
 namespace {
-
-bool imagenet_style(const std::string& arch) { return arch == "resnet18" || arch == "resnet34" || arch == "resnet50"; }
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
@@ -113,8 +112,16 @@ std::vector<std::string> batch_counters(const std::vector<Entry>& es) {
 std::string pytorch_name(const std::string& arch, const std::string& n) {
   if (starts_with(n, "stem.conv.")) return "conv1." + n.substr(10);
   if (starts_with(n, "stem.bn.")) return "bn1." + n.substr(8);
-  if (imagenet_style(arch)) return replace_part(n, ".shortcut.", ".downsample.");
+  if (models::imagenet_style(arch)) return replace_part(n, ".shortcut.", ".downsample.");
   return n;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> pytorch_layout(nn::Model& model) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  const auto es = entries(model);
+  for (const auto& e : es) out.emplace_back(e.name, e.shape);
+  for (const auto& n : batch_counters(es)) out.emplace_back(n, std::vector<int64_t>{});
+  return out;
 }
 
 std::string export_safetensors(nn::Model& model, const ExportOptions& o) {

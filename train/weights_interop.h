@@ -1,7 +1,7 @@
 // Weights in and out as safetensors with PyTorch's names and layouts, so a model trained here is
 // read by PyTorch (and a torchvision checkpoint starts a run here).
 //
-// Names: torchvision's for resnet18/34/50 (conv1, bn1, layer1.0.conv1, ..., layerN.0.downsample.0,
+// Names: torchvision's for resnet18/34/50/101/152 and wide_resnet50_2/101_2 (conv1, bn1, layer1.0.conv1, ..., layerN.0.downsample.0,
 // fc), and the conventional CIFAR ResNet names for resnet20/32/56/110 (the same, with the
 // projection shortcut as layerN.0.shortcut.0 / .1, as in the widely used pytorch-cifar models).
 // Every batch norm also has PyTorch's num_batches_tracked (int64). Layouts: convolution filters
@@ -17,6 +17,11 @@ namespace replica::train {
 
 // The PyTorch name of one of the model's parameters or buffers.
 std::string pytorch_name(const std::string& arch, const std::string& replica_name);
+
+// The state_dict export_safetensors writes, name and PyTorch shape (OIHW filters; a scalar's is
+// empty) per tensor, batch norms' num_batches_tracked included; the model need not be
+// materialised.
+std::vector<std::pair<std::string, std::vector<int64_t>>> pytorch_layout(nn::Model& model);
 
 struct ExportOptions {
   std::string dtype = "F32";        // F32, F16 or BF16 for the floating-point tensors

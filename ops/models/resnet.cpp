@@ -20,16 +20,25 @@ struct ArchSpec {
   int64_t cifar_blocks;         // blocks per stage of a CIFAR ResNet (6n+2 layers); 0: ImageNet
   std::vector<int64_t> blocks;  // ImageNet ResNet: blocks per stage
   bool bottleneck;
+  int64_t mid_factor = 1;       // a bottleneck's inner width over its stage width (Wide ResNet: 2)
 };
 const std::vector<ArchSpec>& arch_specs() {
   static const std::vector<ArchSpec> specs = {
       {"resnet20", 3, {}, false},           {"resnet32", 5, {}, false},
       {"resnet56", 9, {}, false},           {"resnet110", 18, {}, false},
       {"resnet18", 0, {2, 2, 2, 2}, false}, {"resnet34", 0, {3, 4, 6, 3}, false},
-      {"resnet50", 0, {3, 4, 6, 3}, true}};
+      {"resnet50", 0, {3, 4, 6, 3}, true},  {"resnet101", 0, {3, 4, 23, 3}, true},
+      {"resnet152", 0, {3, 8, 36, 3}, true}, {"wide_resnet50_2", 0, {3, 4, 6, 3}, true, 2},
+      {"wide_resnet101_2", 0, {3, 4, 23, 3}, true, 2}};
   return specs;
 }
 }  // namespace
+
+bool imagenet_style(const std::string& arch) {
+  for (const auto& a : arch_specs())
+    if (arch == a.name) return a.cifar_blocks == 0;
+  return false;
+}
 
 std::vector<std::string> resnet_archs() {
   std::vector<std::string> names;
@@ -56,8 +65,8 @@ nn::LayerPtr basic_block(const std::string& name, int64_t cin, int64_t cout, int
   return std::make_unique<nn::Residual>(name, std::move(m), projection(name, cin, cout, stride));
 }
 
-nn::LayerPtr bottleneck(const std::string& name, int64_t cin, int64_t mid, int64_t stride, bool zero) {
-  const int64_t cout = mid * 4;
+// torchvision's Bottleneck: 1x1 to `mid`, 3x3 (the stride) at `mid`, 1x1 to `cout`.
+nn::LayerPtr bottleneck(const std::string& name, int64_t cin, int64_t mid, int64_t cout, int64_t stride, bool zero) {
   auto m = std::make_unique<Sequential>(name + ".main");
   m->emplace<Conv2d>(name + ".conv1", cin, mid, 1, 1, 0);
   m->emplace<BatchNorm2d>(name + ".bn1", mid, 0.1f, 1e-5f, false, /*relu=*/true);
@@ -113,7 +122,7 @@ std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
         int64_t stride = (b == 0 && s > 0) ? 2 : 1;
         std::string name = "layer" + std::to_string(s + 1) + "." + std::to_string(b);
         if (bottle) {
-          root->add(bottleneck(name, c, width, stride, zero));
+          root->add(bottleneck(name, c, width * spec->mid_factor, width * 4, stride, zero));
           c = width * 4;
         } else {
           root->add(basic_block(name, c, width, stride, zero));

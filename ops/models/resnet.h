@@ -1,5 +1,6 @@
 // The ResNet family: CIFAR-style resnet20/32/56/110 (3 stages of basic blocks, width 16) and
-// ImageNet-style resnet18/34 (basic) and resnet50 (bottleneck, stride on the 3x3: "v1.5").
+// ImageNet-style resnet18/34 (basic) and resnet50/101/152 and wide_resnet50_2/101_2 (bottleneck,
+// stride on the 3x3: "v1.5"; the wide ones with twice the inner width), torchvision's layouts.
 #pragma once
 #include <memory>
 #include <string>
@@ -23,6 +24,8 @@ struct ResNetConfig {
 };
 
 std::vector<std::string> resnet_archs();
+// Whether `arch` is an ImageNet-style model (7x7 stem and max pooling, torchvision's names).
+bool imagenet_style(const std::string& arch);
 // Throws ConfigError naming the architecture and the accepted ones.
 std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg);
 

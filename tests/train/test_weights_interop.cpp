@@ -7,6 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
 
 #include "core/errors.h"
 #include "core/file_io.h"
@@ -82,6 +86,36 @@ INSTANTIATE_TEST_SUITE_P(
                            {.arch = "resnet50", .in_channels = 3, .num_classes = 10, .height = 64, .width = 64, .base_width = 8},
                            1e-5}),  // 2.8e-7 and 4.4e-7 measured (EPYC, fp32)
     [](const auto& info) { return std::string(info.param.file); });
+
+// Every ImageNet-style model exports exactly torchvision's state_dict of the same name, names and
+// shapes (what load_state_dict(strict=True) checks), 1000 classes at full size
+// (tests/reference/make_torchvision_layouts.py).
+TEST(WeightsInterop, EveryImageNetModelHasTorchvisionsLayout) {
+  std::map<std::string, std::set<std::string>> want;
+  std::istringstream in(fixture("torchvision_layouts.txt"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] != '#') want[line.substr(0, line.find(' '))].insert(line.substr(line.find(' ') + 1));
+  int archs = 0;
+  for (const auto& arch : models::resnet_archs()) {
+    if (!models::imagenet_style(arch)) continue;
+    ASSERT_TRUE(want.count(arch)) << arch << " is not in the fixture";
+    auto model = models::make_resnet({.arch = arch, .in_channels = 3, .num_classes = 1000, .height = 224, .width = 224});
+    std::set<std::string> got;
+    for (const auto& [name, shape] : train::pytorch_layout(*model)) {
+      std::string dims;
+      for (size_t i = 0; i < shape.size(); ++i) dims += (i ? "," : "") + std::to_string(shape[i]);
+      got.insert(name + " " + (dims.empty() ? "-" : dims));
+    }
+    std::vector<std::string> missing, extra;
+    std::set_difference(want[arch].begin(), want[arch].end(), got.begin(), got.end(), std::back_inserter(missing));
+    std::set_difference(got.begin(), got.end(), want[arch].begin(), want[arch].end(), std::back_inserter(extra));
+    EXPECT_TRUE(missing.empty() && extra.empty())
+        << arch << ": " << missing.size() << " of torchvision's tensors missing (first: "
+        << (missing.empty() ? "-" : missing[0]) << "), " << extra.size() << " extra (first: " << (extra.empty() ? "-" : extra[0]) << ")";
+    ++archs;
+  }
+  EXPECT_EQ(archs, 7) << "resnet18/34/50/101/152, wide_resnet50_2/101_2";
+}
 
 TEST(WeightsInterop, NamesArePyTorchs) {
   EXPECT_EQ(train::pytorch_name("resnet50", "stem.conv.weight"), "conv1.weight");
