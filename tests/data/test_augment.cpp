@@ -12,6 +12,7 @@
 
 #include "core/errors.h"
 #include "data/augment_policies.h"
+#include "data/loader.h"
 #include "support/fixture.h"
 
 using namespace replica;
@@ -146,4 +147,25 @@ TEST(Augment, RandomErasingZeroesOneBoxWithItsProbability) {
   // a little under p.
   EXPECT_GT(erased / 2000.0, 0.42);
   EXPECT_LT(erased / 2000.0, 0.52);
+}
+
+// The loader applies the policy to training samples (not to evaluation's), from (seed, epoch, index):
+// the same call gives the same pixels, another epoch other ones.
+TEST(Augment, TheLoaderAppliesThePolicyToTrainingSamplesOnly) {
+  SyntheticDataset ds(Shape{16, 12, 3}, 4, 32, 5);
+  AugmentOptions plain{0, false, {}, {}}, policy = plain;
+  policy.policy.policy = AugmentPolicy::trivialaugment;
+  const std::vector<int64_t> idx{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  const size_t n = idx.size() * 16 * 12 * 3;
+  std::vector<float> a(n), b(n), c(n), d(n), e(n);
+  std::vector<int32_t> lab(idx.size());
+  load_samples(ds, idx, plain, true, 7, 0, a.data(), lab.data());
+  load_samples(ds, idx, policy, true, 7, 0, b.data(), lab.data());
+  load_samples(ds, idx, policy, true, 7, 0, c.data(), lab.data());
+  load_samples(ds, idx, policy, true, 7, 1, d.data(), lab.data());
+  load_samples(ds, idx, policy, false, 7, 0, e.data(), lab.data());
+  EXPECT_NE(a, b) << "the policy changes training samples";
+  EXPECT_EQ(b, c) << "from (seed, epoch, index) alone";
+  EXPECT_NE(b, d) << "another epoch draws again";
+  EXPECT_EQ(a, e) << "evaluation is not augmented";
 }
