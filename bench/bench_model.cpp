@@ -31,9 +31,10 @@ double seconds_since(Clock::time_point t0) {
 }
 
 struct ConvShape {
-  int64_t N, H, W, C, K, R, stride, pad;
+  int64_t N, H, W, C, K, R, stride, pad, groups;
   bool operator<(const ConvShape& o) const {
-    return std::tie(N, H, W, C, K, R, stride, pad) < std::tie(o.N, o.H, o.W, o.C, o.K, o.R, o.stride, o.pad);
+    return std::tie(N, H, W, C, K, R, stride, pad, groups) <
+           std::tie(o.N, o.H, o.W, o.C, o.K, o.R, o.stride, o.pad, o.groups);
   }
 };
 }  // namespace
@@ -130,20 +131,21 @@ int main(int argc, char** argv) {
   std::map<ConvShape, int> shapes;
   Shape s{batch, hw, hw, channels};
   for (const ops::ConvGeom& g : nn::conv_geometries(model->root(), s))
-    shapes[{g.N, g.H, g.W, g.C, g.K, g.R, g.stride, g.pad}]++;
+    shapes[{g.N, g.H, g.W, g.C, g.K, g.R, g.stride, g.pad, g.groups}]++;
   using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   std::printf("# conv shape (N,H,W,C->K,RxR,stride)   count  fwd GF/s  bwd-data GF/s  bwd-filter GF/s  GEMM GF/s (same M,N,K)\n");
   for (auto& [c, count] : shapes) {
-    auto g = ops::ConvGeom::make({c.N, c.H, c.W, c.C}, c.K, c.R, c.R, c.stride, c.pad, "bench");
+    auto g = ops::ConvGeom::make({c.N, c.H, c.W, c.C}, c.K, c.R, c.R, c.stride, c.pad, "bench", c.groups);
+    const int64_t Cf = g.filter_channels();  // a grouped layer's filter sees C / groups channels
     Tensor in = Tensor::empty(*pool, {c.N, c.H, c.W, c.C}, DType::f32, MemTag::activations);
-    Tensor w = Tensor::empty(*pool, {c.K, c.R, c.R, c.C}, DType::f32, MemTag::params);
+    Tensor w = Tensor::empty(*pool, {c.K, c.R, c.R, Cf}, DType::f32, MemTag::params);
     Tensor out = Tensor::empty(*pool, {c.N, g.P, g.Q, c.K}, DType::f32, MemTag::activations);
     // Passes write their own outputs (dx, dw), so no pass changes another's inputs between
     // repetitions (values that drift towards denormals or infinities time something else).
     Tensor dx = Tensor::empty(*pool, {c.N, c.H, c.W, c.C}, DType::f32, MemTag::activations);
-    Tensor dw = Tensor::empty(*pool, {c.K, c.R, c.R, c.C}, DType::f32, MemTag::grads);
+    Tensor dw = Tensor::empty(*pool, {c.K, c.R, c.R, Cf}, DType::f32, MemTag::grads);
     for (auto* t : {&in, &w, &out, &dw}) std::fill_n(t->data<float>(), t->numel(), 0.01f);
-    double flops = 2.0 * c.N * g.P * g.Q * c.K * c.R * c.R * c.C;
+    double flops = 2.0 * c.N * g.P * g.Q * c.K * c.R * c.R * Cf;
     // Best of 5 bursts of 40 ms: the machines are shared, and a burst that met a neighbour's
     // work says nothing about the kernel.
     auto time = [&](auto fn) {
@@ -160,11 +162,12 @@ int main(int argc, char** argv) {
       }
       return best;
     };
-    int64_t M = c.N * g.P * g.Q, K = c.R * c.R * c.C;
+    // The GEMM of the same FLOPs: for a grouped layer, one dense product of its M x (R R C / groups) x K.
+    int64_t M = c.N * g.P * g.Q, K = c.R * c.R * Cf;
     MatR A = MatR::Constant(M, K, 0.01f), B = MatR::Constant(c.K, K, 0.01f), C(M, c.K);
     // Layers Winograd serves are timed three ways, one after the other: the direct kernels
     // (REPLICA_WINOGRAD=0), F(2x2, 3x3) and F(4x4, 3x3) (REPLICA_WINOGRAD_TILE=2 / 4).
-    const bool both = ops::direct::serves_winograd(g);
+    const bool both = ops::direct::serves_winograd(g) && c.groups == 1;  // grouped layers have one kernel
     const bool winograd_was = ops::direct::winograd_enabled();
     const int tile_was = ops::direct::set_winograd_tile(0);
     for (int path = both ? 0 : 2; path < 3; ++path) {
@@ -180,8 +183,9 @@ int main(int argc, char** argv) {
       });
       double gemm = time([&] { C.noalias() = A * B.transpose(); });
       const char* label[] = {"  direct", "  winograd 2x2", "  winograd 4x4"};
-      std::printf("  (%3ld,%3ld,%3ld,%3ld->%3ld, %ldx%ld, s%ld)  %5d  %8.1f  %13.1f  %15.1f  %9.1f%s\n", c.N, c.H, c.W,
-                  c.C, c.K, c.R, c.R, c.stride, count, f, bd, bf, gemm, both ? label[path] : "");
+      std::printf("  (%3ld,%3ld,%3ld,%3ld->%3ld, %ldx%ld, s%ld)  %5d  %8.1f  %13.1f  %15.1f  %9.1f%s%s\n", c.N, c.H, c.W,
+                  c.C, c.K, c.R, c.R, c.stride, count, f, bd, bf, gemm, both ? label[path] : "",
+                  c.groups > 1 ? ("  grouped " + std::to_string(c.groups)).c_str() : "");
     }
     ops::direct::set_winograd_tile(tile_was);
     ops::direct::set_winograd(winograd_was);

@@ -72,7 +72,7 @@ void check_step_gate_at(const Tensor& stats, const Backend::StepGateAt& at) {
 }
 
 ConvGeom ConvGeom::make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t stride,
-                        int64_t pad, const std::string& who) {
+                        int64_t pad, const std::string& who, int64_t groups) {
   if (x.rank() != 4)
     throw ShapeError(who + ": expected NHWC input of rank 4, got " + x.str());
   if (stride < 1) throw ShapeError(who + ": stride must be >= 1, got " + std::to_string(stride));
@@ -88,6 +88,10 @@ ConvGeom ConvGeom::make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t
   g.S = S;
   g.stride = stride;
   g.pad = pad;
+  if (groups < 1 || g.C % groups != 0 || K % groups != 0)
+    throw ShapeError(who + ": " + std::to_string(groups) + " groups must divide the input channels (" +
+                     std::to_string(g.C) + ") and the output channels (" + std::to_string(K) + ")");
+  g.groups = groups;
   g.P = (g.H + 2 * pad - R) / stride + 1;
   g.Q = (g.W + 2 * pad - S) / stride + 1;
   if (g.H + 2 * pad < R || g.W + 2 * pad < S || g.P < 1 || g.Q < 1)

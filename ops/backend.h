@@ -12,16 +12,19 @@
 
 namespace replica::ops {
 
-// Geometry of a 2-D convolution on NHWC input [N,H,W,C] with KRSC filters [K,R,S,C] giving
-// [N,P,Q,K].
+// Geometry of a 2-D convolution on NHWC input [N,H,W,C] with KRSC filters [K,R,S,C/groups]
+// giving [N,P,Q,K]. With groups G > 1 (ResNeXt), output channels [g K/G, (g+1) K/G) see only
+// input channels [g C/G, (g+1) C/G), PyTorch's `groups`.
 struct ConvGeom {
   int64_t N = 0, H = 0, W = 0, C = 0;
   int64_t K = 0, R = 0, S = 0;
   int64_t stride = 1, pad = 0;
   int64_t P = 0, Q = 0;
-  // Fills P and Q, validating; `who` names the layer in errors.
+  int64_t groups = 1;
+  int64_t filter_channels() const { return C / groups; }
+  // Fills P and Q, validating (C and K divisible by groups); `who` names the layer in errors.
   static ConvGeom make(const Shape& x, int64_t K, int64_t R, int64_t S, int64_t stride,
-                       int64_t pad, const std::string& who);
+                       int64_t pad, const std::string& who, int64_t groups = 1);
 };
 
 struct PoolGeom {

@@ -196,7 +196,7 @@ std::map<std::string, Section> schema(RunConfig& c) {
   return {
       {"model",
        {choice_key("arch", m.arch, models::resnet_archs(),
-                   "the network: CIFAR-style resnet20..110 (3 stages), ImageNet-style resnet18/34/50/101/152 (v1.5) and wide_resnet50_2/101_2"),
+                   "the network: CIFAR-style resnet20..110 (3 stages), ImageNet-style resnet18/34/50/101/152 (v1.5), wide_resnet50_2/101_2, resnext50_32x4d, resnext101_32x8d", "training.md#models"),
         int_key("width", m.width, 0, 4096, "base width; 0: 16 for CIFAR-style, 64 for ImageNet-style"),
         bool_key("zero_init_residual", m.zero_init_residual, "start the last batch-norm gamma of each residual block at 0"),
         bool_key("freeze_bn", m.freeze_bn,

@@ -1,7 +1,7 @@
 // Weights in and out as safetensors with PyTorch's names and layouts, so a model trained here is
 // read by PyTorch (and a torchvision checkpoint starts a run here).
 //
-// Names: torchvision's for resnet18/34/50/101/152 and wide_resnet50_2/101_2 (conv1, bn1, layer1.0.conv1, ..., layerN.0.downsample.0,
+// Names: torchvision's for resnet18/34/50/101/152, wide_resnet50_2/101_2, resnext50_32x4d/101_32x8d (conv1, bn1, layer1.0.conv1, ..., layerN.0.downsample.0,
 // fc), and the conventional CIFAR ResNet names for resnet20/32/56/110 (the same, with the
 // projection shortcut as layerN.0.shortcut.0 / .1, as in the widely used pytorch-cifar models).
 // Every batch norm also has PyTorch's num_batches_tracked (int64). Layouts: convolution filters

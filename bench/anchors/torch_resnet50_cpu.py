@@ -1,15 +1,19 @@
-# Anchor: PyTorch CPU training throughput of ResNet-50 (torchvision's layout: bottlenecks 3-4-6-3,
-# stride in the 3x3, 1000 classes) on synthetic 224x224x3 images, SGD with momentum. Written out
+# Anchor: PyTorch CPU training throughput of ResNet-50 or ResNeXt-50 32x4d (ARCH; torchvision's
+# layout: bottlenecks 3-4-6-3, stride in the 3x3, 1000 classes) on synthetic 224x224x3 images, SGD with momentum. Written out
 # in plain torch so PyPI's torch alone runs it (no torchvision). Prints "... img/s=N".
-#   T=threads BS=16 STEPS=5 WARMUP=1 python3 bench/anchors/torch_resnet50_cpu.py
+#   T=threads BS=16 STEPS=5 WARMUP=1 [ARCH=resnext50_32x4d] python3 bench/anchors/torch_resnet50_cpu.py
 import os, time, torch, torch.nn as nn, torch.nn.functional as F
 
+# ARCH=resnext50_32x4d: torchvision's ResNeXt-50 (the 3x3 in 32 groups, inner width planes x 2).
+ARCH = os.environ.get("ARCH", "resnet50")
+GROUPS, WPG = (32, 4) if ARCH == "resnext50_32x4d" else (1, 64)
+
 class Bottleneck(nn.Module):
-    def __init__(s, cin, mid, stride):
+    def __init__(s, cin, planes, stride):
         super().__init__()
-        cout = mid * 4
+        cout, mid = planes * 4, planes * WPG // 64 * GROUPS
         s.c1, s.b1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
-        s.c2, s.b2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid)
+        s.c2, s.b2 = nn.Conv2d(mid, mid, 3, stride, 1, groups=GROUPS, bias=False), nn.BatchNorm2d(mid)
         s.c3, s.b3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
         s.down = None
         if stride != 1 or cin != cout:
@@ -40,4 +44,4 @@ for it in range(steps + warmup):
     if it == warmup: t0 = time.time()
     loss = F.cross_entropy(m(x), y); opt.zero_grad(); loss.backward(); opt.step()
 dt = time.time() - t0
-print(f"torch {torch.__version__} resnet50 threads={threads} bs={bs} steps={steps} img/s={steps*bs/dt:.2f}")
+print(f"torch {torch.__version__} {ARCH} threads={threads} bs={bs} steps={steps} img/s={steps*bs/dt:.2f}")

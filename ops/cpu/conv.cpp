@@ -14,6 +14,7 @@
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/direct_conv.h"
 #include "ops/cpu/direct_kernels.h"
+#include "ops/cpu/grouped_conv.h"
 #include "ops/cpu/mixed.h"
 #include "ops/cpu/parallel_for.h"
 #include "ops/cpu/threads.h"
@@ -96,7 +97,7 @@ void check_conv(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeo
   for (const Tensor* t : {&x, &w, &y})
     if (t->dtype() != DType::f32 && t->dtype() != DType::f16 && t->dtype() != DType::bf16)
       throw ShapeError(std::string(who) + ": expected f32, f16 or bf16, got " + t->str());
-  if (x.numel() != g.N * g.H * g.W * g.C || w.numel() != g.K * g.R * g.S * g.C ||
+  if (x.numel() != g.N * g.H * g.W * g.C || w.numel() != g.K * g.R * g.S * g.filter_channels() ||
       y.numel() != g.N * g.P * g.Q * g.K)
     throw ShapeError(std::string(who) + ": tensors " + x.str() + ", " + w.str() + ", " + y.str() +
                      " do not match the convolution geometry");
@@ -334,6 +335,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
                                 MemoryPool& ws) {
   apply_thread_default();
   check_conv(x, w, y, g, "conv2d_forward");
+  if (g.groups > 1) return grouped::forward(x, w, y, g, ws);
   if (const int m = kHasDirect ? direct::winograd_tile(g) : 0)
     return run_winograd(x, g.C, w, y, g.K, winograd::filter_forward, m, g, ws);
   if (kHasDirect && direct::serves_forward(g)) return direct_forward(x, w, y, g, ws);
@@ -366,6 +368,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const T
     axpy(1.f, part, dx);
     return;
   }
+  if (g.groups > 1) return grouped::backward_data(dy, w, dx, g, ws);
   if (const int m = kHasDirect ? direct::winograd_tile(g) : 0)
     return run_winograd(dy, g.K, w, dx, g.C, winograd::filter_backward_data, m, g, ws);
   if (kHasDirect && direct::serves_backward_data(g)) return direct_backward_data(dy, w, dx, g, ws);
@@ -399,6 +402,7 @@ void CpuBackend::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const
   }
   apply_thread_default();
   check_conv(x, dw, dy, g, "conv2d_backward_filter");
+  if (g.groups > 1) return grouped::backward_filter(x, dy, dw, g, ws);
   if (const int m = kHasDirect ? direct::winograd_tile(g) : 0) return winograd_backward_filter(x, dy, dw, m, g, ws);
   if (kHasDirect && direct::serves_backward_filter(g)) return direct_backward_filter(x, dy, dw, g, ws);
   const ChunkPlan cp(g, ws);

@@ -120,6 +120,7 @@ Layers prepare(const std::vector<ConvGeom>& layers) {
   Layers L;
   std::map<std::vector<int64_t>, bool> seen;
   for (const ConvGeom& g0 : layers) {
+    if (g0.groups > 1) continue;  // grouped layers have their own kernel (grouped_conv.h), not the direct ones
     const ConvGeom g = ConvGeom::make({1, g0.H, g0.W, g0.C}, g0.K, g0.R, g0.S, g0.stride, g0.pad, "calibration");
     if (direct::serves_winograd(g) || !(direct::serves_forward(g) || direct::serves_backward_filter(g))) continue;
     if (!seen.emplace(std::vector<int64_t>{g.H, g.W, g.C, g.K, g.R, g.S, g.stride, g.pad}, true).second) continue;

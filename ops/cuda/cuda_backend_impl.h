@@ -105,7 +105,7 @@ extern std::atomic<int> g_deterministic;
 bool deterministic();
 
 struct ConvKey {
-  int64_t v[10];
+  int64_t v[11];
   bool operator==(const ConvKey& o) const { return std::memcmp(v, o.v, sizeof v) == 0; }
 };
 struct ConvKeyHash {

@@ -50,12 +50,14 @@ cudnnDataType_t cudnn_type(DType t) {
 std::string geom_str(const ConvGeom& g) {
   return "conv " + std::to_string(g.R) + "x" + std::to_string(g.S) + " stride " + std::to_string(g.stride) + " pad " +
          std::to_string(g.pad) + " on [" + std::to_string(g.N) + "," + std::to_string(g.H) + "," + std::to_string(g.W) +
-         "," + std::to_string(g.C) + "] -> " + std::to_string(g.K) + " channels";
+         "," + std::to_string(g.C) + "] -> " + std::to_string(g.K) + " channels" +
+         (g.groups > 1 ? " in " + std::to_string(g.groups) + " groups" : "");
 }
 
 ConvPlan& plan_for(ThreadState& ts, const ConvGeom& g, DType dt) {
   // Deterministic mode chooses among fewer algorithms in another way: plans of either mode apart.
-  ConvKey key{{g.N, g.H, g.W, g.C, g.K, g.R, g.S, g.stride, g.pad, static_cast<int64_t>(dt) | (deterministic() ? 256 : 0)}};
+  ConvKey key{{g.N, g.H, g.W, g.C, g.K, g.R, g.S, g.stride, g.pad, static_cast<int64_t>(dt) | (deterministic() ? 256 : 0),
+               g.groups}};
   auto& p = ts.plans[key];
   if (p) return *p;
   p = std::make_unique<ConvPlan>();
@@ -67,7 +69,9 @@ ConvPlan& plan_for(ThreadState& ts, const ConvGeom& g, DType dt) {
                                                  as_int(g.H, "conv"), as_int(g.W, "conv")));
   REPLICA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NHWC, t, as_int(g.N, "conv"), as_int(g.K, "conv"),
                                                  as_int(g.P, "conv"), as_int(g.Q, "conv")));
-  REPLICA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NHWC, as_int(g.K, "conv"), as_int(g.C, "conv"),
+  // A grouped filter holds C / groups input channels (the convolution descriptor's group count).
+  REPLICA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NHWC, as_int(g.K, "conv"),
+                                                 as_int(g.filter_channels(), "conv"),
                                                  as_int(g.R, "conv"), as_int(g.S, "conv")));
   const cudnnMathType_t math = conv_math_type(dt, allow_tf32());
   for (auto& c : p->conv) {
@@ -77,6 +81,7 @@ ConvPlan& plan_for(ThreadState& ts, const ConvGeom& g, DType dt) {
                                                         as_int(g.stride, "conv"), as_int(g.stride, "conv"), 1, 1,
                                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     REPLICA_CUDNN_CHECK(cudnnSetConvolutionMathType(c, math));
+    REPLICA_CUDNN_CHECK(cudnnSetConvolutionGroupCount(c, as_int(g.groups, "conv")));
   }
   return *p;
 }

@@ -20,7 +20,9 @@ struct ArchSpec {
   int64_t cifar_blocks;         // blocks per stage of a CIFAR ResNet (6n+2 layers); 0: ImageNet
   std::vector<int64_t> blocks;  // ImageNet ResNet: blocks per stage
   bool bottleneck;
-  int64_t mid_factor = 1;       // a bottleneck's inner width over its stage width (Wide ResNet: 2)
+  // torchvision's Bottleneck: inner width = stage width x width_per_group / 64 x groups, the 3x3
+  // in `groups` groups (Wide ResNet: 128 per group; ResNeXt 32x4d: 32 groups of 4 per 64).
+  int64_t groups = 1, width_per_group = 64;
 };
 const std::vector<ArchSpec>& arch_specs() {
   static const std::vector<ArchSpec> specs = {
@@ -28,8 +30,9 @@ const std::vector<ArchSpec>& arch_specs() {
       {"resnet56", 9, {}, false},           {"resnet110", 18, {}, false},
       {"resnet18", 0, {2, 2, 2, 2}, false}, {"resnet34", 0, {3, 4, 6, 3}, false},
       {"resnet50", 0, {3, 4, 6, 3}, true},  {"resnet101", 0, {3, 4, 23, 3}, true},
-      {"resnet152", 0, {3, 8, 36, 3}, true}, {"wide_resnet50_2", 0, {3, 4, 6, 3}, true, 2},
-      {"wide_resnet101_2", 0, {3, 4, 23, 3}, true, 2}};
+      {"resnet152", 0, {3, 8, 36, 3}, true}, {"wide_resnet50_2", 0, {3, 4, 6, 3}, true, 1, 128},
+      {"wide_resnet101_2", 0, {3, 4, 23, 3}, true, 1, 128}, {"resnext50_32x4d", 0, {3, 4, 6, 3}, true, 32, 4},
+      {"resnext101_32x8d", 0, {3, 4, 23, 3}, true, 32, 8}};
   return specs;
 }
 }  // namespace
@@ -65,12 +68,13 @@ nn::LayerPtr basic_block(const std::string& name, int64_t cin, int64_t cout, int
   return std::make_unique<nn::Residual>(name, std::move(m), projection(name, cin, cout, stride));
 }
 
-// torchvision's Bottleneck: 1x1 to `mid`, 3x3 (the stride) at `mid`, 1x1 to `cout`.
-nn::LayerPtr bottleneck(const std::string& name, int64_t cin, int64_t mid, int64_t cout, int64_t stride, bool zero) {
+// torchvision's Bottleneck: 1x1 to `mid`, 3x3 (the stride, `groups` groups) at `mid`, 1x1 to `cout`.
+nn::LayerPtr bottleneck(const std::string& name, int64_t cin, int64_t mid, int64_t cout, int64_t stride, int64_t groups,
+                        bool zero) {
   auto m = std::make_unique<Sequential>(name + ".main");
   m->emplace<Conv2d>(name + ".conv1", cin, mid, 1, 1, 0);
   m->emplace<BatchNorm2d>(name + ".bn1", mid, 0.1f, 1e-5f, false, /*relu=*/true);
-  m->emplace<Conv2d>(name + ".conv2", mid, mid, 3, stride, 1);
+  m->emplace<Conv2d>(name + ".conv2", mid, mid, 3, stride, 1, groups);
   m->emplace<BatchNorm2d>(name + ".bn2", mid, 0.1f, 1e-5f, false, /*relu=*/true);
   m->emplace<Conv2d>(name + ".conv3", mid, cout, 1, 1, 0);
   m->emplace<BatchNorm2d>(name + ".bn3", cout, 0.1f, 1e-5f, zero);
@@ -122,7 +126,8 @@ std::unique_ptr<nn::Model> make_resnet(const ResNetConfig& cfg) {
         int64_t stride = (b == 0 && s > 0) ? 2 : 1;
         std::string name = "layer" + std::to_string(s + 1) + "." + std::to_string(b);
         if (bottle) {
-          root->add(bottleneck(name, c, width * spec->mid_factor, width * 4, stride, zero));
+          const int64_t mid = width * spec->width_per_group / 64 * spec->groups;
+          root->add(bottleneck(name, c, mid, width * 4, stride, spec->groups, zero));
           c = width * 4;
         } else {
           root->add(basic_block(name, c, width, stride, zero));

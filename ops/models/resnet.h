@@ -1,6 +1,7 @@
 // The ResNet family: CIFAR-style resnet20/32/56/110 (3 stages of basic blocks, width 16) and
-// ImageNet-style resnet18/34 (basic) and resnet50/101/152 and wide_resnet50_2/101_2 (bottleneck,
-// stride on the 3x3: "v1.5"; the wide ones with twice the inner width), torchvision's layouts.
+// ImageNet-style resnet18/34 (basic) and resnet50/101/152, wide_resnet50_2/101_2 and
+// resnext50_32x4d / resnext101_32x8d (bottleneck, stride on the 3x3: "v1.5"; the wide ones with
+// twice the inner width, ResNeXt's 3x3 grouped), torchvision's layouts.
 #pragma once
 #include <memory>
 #include <string>

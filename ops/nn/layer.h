@@ -43,7 +43,9 @@ using LayerPtr = std::unique_ptr<Layer>;
 
 class Conv2d : public Layer {
  public:
-  Conv2d(std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride, int64_t pad);
+  // groups > 1: a grouped convolution (ResNeXt), filters [out, k, k, in / groups].
+  Conv2d(std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride, int64_t pad,
+         int64_t groups = 1);
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
   void backward_add(Context& ctx, const Tensor& dy, const Tensor& acc) override;
@@ -54,10 +56,14 @@ class Conv2d : public Layer {
   int64_t kernel() const { return k_; }
   int64_t stride() const { return stride_; }
   int64_t pad() const { return pad_; }
+  int64_t groups() const { return groups_; }
   Tensor weight, weight_grad;
 
  private:
-  int64_t in_, out_, k_, stride_, pad_;
+  ops::ConvGeom geometry(const Shape& x) const {
+    return ops::ConvGeom::make(x, out_, k_, k_, stride_, pad_, name_, groups_);
+  }
+  int64_t in_, out_, k_, stride_, pad_, groups_;
   bool input_grad_ = true;
   int slot_ = -1;
 };

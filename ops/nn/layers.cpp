@@ -25,10 +25,13 @@ void Layer::backward_add(Context& ctx, const Tensor& dy, const Tensor& acc) {
 // ---- Conv2d -----------------------------------------------------------------------------
 
 Conv2d::Conv2d(std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride,
-               int64_t pad)
-    : Layer(std::move(name)), in_(in_ch), out_(out_ch), k_(kernel), stride_(stride), pad_(pad) {
+               int64_t pad, int64_t groups)
+    : Layer(std::move(name)), in_(in_ch), out_(out_ch), k_(kernel), stride_(stride), pad_(pad), groups_(groups) {
   if (in_ch < 1 || out_ch < 1 || kernel < 1)
     throw ShapeError(name_ + ": channels and kernel size must be >= 1");
+  if (groups < 1 || in_ch % groups != 0 || out_ch % groups != 0)
+    throw ShapeError(name_ + ": " + std::to_string(groups) + " groups must divide " + std::to_string(in_ch) +
+                     " input and " + std::to_string(out_ch) + " output channels");
   if (stride < 1) throw ShapeError(name_ + ": stride must be >= 1, got " + std::to_string(stride));
   if (pad < 0) throw ShapeError(name_ + ": padding must be >= 0");
 }
@@ -36,10 +39,10 @@ Conv2d::Conv2d(std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, 
 void Conv2d::register_params(ParamRegistry& reg) {
   ParamSlot s;
   s.name = name_ + ".weight";
-  s.shape = {out_, k_, k_, in_};
+  s.shape = {out_, k_, k_, in_ / groups_};
   s.kind = ParamKind::weight;
   s.init = Init::kaiming_normal_fan_out;
-  s.fan_in = in_ * k_ * k_;
+  s.fan_in = in_ / groups_ * k_ * k_;
   s.value = &weight;
   s.grad = &weight_grad;
   slot_ = reg.add_param(s);
@@ -47,13 +50,13 @@ void Conv2d::register_params(ParamRegistry& reg) {
 
 Shape Conv2d::output_shape(const Shape& in) const {
   expect_channels(in, in_, name_);
-  auto g = ops::ConvGeom::make(in, out_, k_, k_, stride_, pad_, name_);
+  auto g = geometry(in);
   return {g.N, g.P, g.Q, g.K};
 }
 
 Tensor Conv2d::forward(Context& ctx, const Tensor& x) {
   expect_channels(x.shape(), in_, name_);
-  auto g = ops::ConvGeom::make(x.shape(), out_, k_, k_, stride_, pad_, name_);
+  auto g = geometry(x.shape());
   Tensor y = ctx.alloc({g.N, g.P, g.Q, g.K});
   ctx.backend().conv2d_forward(x, weight, y, g, ctx.pool());
   if (ctx.training()) ctx.saved(this) = {x};
@@ -63,7 +66,7 @@ Tensor Conv2d::forward(Context& ctx, const Tensor& x) {
 Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
   Tensor x = ctx.saved(this).at(0);
   ctx.release(this);
-  auto g = ops::ConvGeom::make(x.shape(), out_, k_, k_, stride_, pad_, name_);
+  auto g = geometry(x.shape());
   ctx.grads_needed(slot_, 1);
   ctx.backend().conv2d_backward_filter(x, dy, weight_grad, g, ctx.pool());
   ctx.grads_ready(slot_, 1);
@@ -76,7 +79,7 @@ Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
 void Conv2d::backward_add(Context& ctx, const Tensor& dy, const Tensor& acc) {
   Tensor x = ctx.saved(this).at(0);
   ctx.release(this);
-  auto g = ops::ConvGeom::make(x.shape(), out_, k_, k_, stride_, pad_, name_);
+  auto g = geometry(x.shape());
   if (acc.shape() != x.shape())
     throw ShapeError(name_ + ": the gradient to add into is " + acc.shape().str() + ", the input " + x.shape().str());
   ctx.grads_needed(slot_, 1);
@@ -425,7 +428,7 @@ namespace {
 Shape walk_convs(Layer& l, Shape in, std::vector<ops::ConvGeom>& out) {
   if (auto* c = dynamic_cast<Conv2d*>(&l)) {
     const Shape y = c->output_shape(in);
-    out.push_back(ops::ConvGeom::make(in, y[3], c->kernel(), c->kernel(), c->stride(), c->pad(), c->name()));
+    out.push_back(ops::ConvGeom::make(in, y[3], c->kernel(), c->kernel(), c->stride(), c->pad(), c->name(), c->groups()));
     return y;
   }
   if (auto* q = dynamic_cast<Sequential*>(&l)) {

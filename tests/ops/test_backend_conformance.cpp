@@ -188,6 +188,42 @@ TEST_P(BackendConformance, Convolution) {
   }
 }
 
+// Grouped convolution (ResNeXt's 3x3: cuDNN's group count on the CUDA backend, the grouped direct
+// kernel on the CPU): forward, input gradient (overwritten and added) and weight gradient
+// (accumulated), 4 channels per group at stride 1 and 2, and 2 groups of 12.
+TEST_P(BackendConformance, GroupedConvolution) {
+  const DType dt = dtype();
+  struct GCase {
+    int64_t N, H, W, C, K, stride, groups;
+  };
+  for (GCase k : {GCase{2, 8, 8, 128, 128, 1, 32}, GCase{2, 9, 9, 64, 64, 2, 16}, GCase{2, 7, 6, 24, 24, 1, 2}}) {
+    auto g = ops::ConvGeom::make({k.N, k.H, k.W, k.C}, k.K, 3, 3, k.stride, 1, "test", k.groups);
+    const int64_t Cg = g.filter_channels();
+    auto xv = randv(k.N * k.H * k.W * k.C, 41), wv = randv(k.K * 9 * Cg, 42, -0.3f, 0.3f);
+    auto dyv = randv(g.N * g.P * g.Q * g.K, 43), dw0 = randv(k.K * 9 * Cg, 44);
+    Tensor y[2], dx[2], dw[2], dxa[2];
+    int i = 0;
+    for (Side* s : {cpu.get(), cand.get()}) {
+      Tensor x = s->put(xv, {g.N, g.H, g.W, g.C}, dt), w = s->put(wv, {g.K, 3, 3, Cg}, dt);
+      Tensor dy = s->put(dyv, {g.N, g.P, g.Q, g.K}, dt);
+      y[i] = s->empty({g.N, g.P, g.Q, g.K}, dt);
+      dx[i] = s->empty({g.N, g.H, g.W, g.C}, dt);
+      dw[i] = s->put(dw0, {g.K, 3, 3, Cg});
+      s->be->conv2d_forward(x, w, y[i], g, *s->pool);
+      s->be->conv2d_backward_data(dy, w, dx[i], g, *s->pool, false);
+      s->be->conv2d_backward_filter(x, dy, dw[i], g, *s->pool);
+      dxa[i] = s->put(randv(g.N * g.H * g.W * g.C, 45), {g.N, g.H, g.W, g.C}, dt);
+      s->be->conv2d_backward_data(dy, w, dxa[i], g, *s->pool, true);
+      i++;
+    }
+    std::printf(" grouped conv 3x3 s%ld C%ld K%ld groups %ld:\n", (long)k.stride, (long)k.C, (long)k.K, (long)k.groups);
+    expect_close("grouped conv2d_forward", y[1], y[0], tol(dt));
+    expect_close("grouped conv2d_backward_data", dx[1], dx[0], tol(dt));
+    expect_close("grouped conv2d_backward_data (+=)", dxa[1], dxa[0], tol(dt));
+    expect_close("grouped conv2d_backward_filter (+=)", dw[1], dw[0], tol(dt));
+  }
+}
+
 TEST_P(BackendConformance, BatchNorm) {
   const DType dt = dtype();
   // 24 and 40 channels take the CUDA backend's scalar kernels, 16, 64, 256 and 2048 its 8-channel

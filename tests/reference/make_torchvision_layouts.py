@@ -11,7 +11,8 @@ import torch
 import torchvision
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "torchvision_layouts.txt")
-ARCHS = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2", "wide_resnet101_2"]
+ARCHS = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2", "wide_resnet101_2",
+         "resnext50_32x4d", "resnext101_32x8d"]
 
 
 def main():

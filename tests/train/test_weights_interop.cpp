@@ -114,7 +114,7 @@ TEST(WeightsInterop, EveryImageNetModelHasTorchvisionsLayout) {
         << (missing.empty() ? "-" : missing[0]) << "), " << extra.size() << " extra (first: " << (extra.empty() ? "-" : extra[0]) << ")";
     ++archs;
   }
-  EXPECT_EQ(archs, 7) << "resnet18/34/50/101/152, wide_resnet50_2/101_2";
+  EXPECT_EQ(archs, 9) << "resnet18/34/50/101/152, wide_resnet50_2/101_2, resnext50_32x4d, resnext101_32x8d";
 }
 
 TEST(WeightsInterop, NamesArePyTorchs) {
