@@ -1,4 +1,4 @@
-// The `replica` command: train, eval, export, import, report, pack, devices, memplan, bench, config. Errors
+// The `replica` command: train, eval, predict, export, import, report, pack, devices, memplan, bench, config. Errors
 // print one clear line and exit 2 (a command line or configuration to fix) or 1 (anything else).
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "apps/bench.h"
+#include "apps/predict.h"
 #include "apps/build_info.h"
 #include "apps/plan.h"
 #include "core/cuda/runtime.h"
@@ -209,10 +210,11 @@ struct Args {
   apps::KernelBenchOptions kb;
   apps::HostBenchOptions hb;
   apps::PlanArgs plan;
+  apps::PredictOptions predict;
 };
 
 struct Commands {
-  CLI::App *train, *eval, *devices, *memplan, *plan, *export_, *import, *report, *pack, *config;
+  CLI::App *train, *eval, *predict, *devices, *memplan, *plan, *export_, *import, *report, *pack, *config;
   CLI::App *bench_allreduce, *bench_train, *bench_alloc, *bench_data, *bench_augment, *bench_kernels, *bench_host;
 };
 
@@ -261,6 +263,17 @@ void add_run_commands(CLI::App& app, Args& a, Commands& c) {
   add_config_options(c.eval, a);
   c.eval->add_option("--model", a.model_path, "model file written by train (RUN_DIR/model.bin)");
   c.eval->add_option("--checkpoint", a.checkpoint, "a checkpoint file, or RUN_DIR for its newest checkpoint");
+  c.predict = app.add_subcommand("predict", "top-k classes of a trained model on image files or folders");
+  c.predict->add_option("model", a.predict.model, "model file written by train (RUN_DIR/model.bin or model_ema.bin)")->required();
+  c.predict->add_option("images", a.predict.inputs, "JPEG or PNG files, or folders searched recursively")->required();
+  c.predict->add_option("--config", a.predict.config, "the run's configuration (default: config.yaml beside the model)");
+  c.predict->add_option("--set", a.predict.sets, "override a key (repeatable)");
+  c.predict->add_option("--classes", a.predict.classes, "class names, one per line in label order (default: the run's classes.txt)");
+  c.predict->add_option("--device", a.predict.device, "auto (a GPU when there is one), cpu or cuda:N");
+  c.predict->add_option("--top", a.predict.top, "classes per image (default 5)");
+  c.predict->add_option("--batch", a.predict.batch, "images per forward pass (default 64)");
+  c.predict->add_flag("--json", a.predict.json, "one JSON line per image instead of the table");
+  c.predict->add_flag("--strict", a.predict.strict, "a file that is not a readable image is an error, not skipped");
   c.devices = app.add_subcommand("devices", "list devices and the memory pool each would take");
   add_config_options(c.devices, a);
   c.memplan = app.add_subcommand("memplan", "memory per replica by tag, whether it fits, the largest micro-batch");
@@ -373,6 +386,7 @@ int dispatch(const Commands& c, Args& a) {
   if (!a.run_dir.empty()) a.sets.push_back("train.run_dir=" + a.run_dir);
   if (*c.train) return cmd_train(a);
   if (*c.eval) return cmd_eval(a.config, a.sets, a.model_path, a.checkpoint);
+  if (*c.predict) return apps::predict(a.predict);
   if (*c.devices) return cmd_devices(a.config, a.sets);
   if (*c.memplan) {
     std::printf("%s", train::plan_memory(train::load_config(a.config, a.sets)).report().c_str());

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <sstream>
 #include <cstdio>
 #include <filesystem>
@@ -683,4 +684,60 @@ TEST(Cli, ConfigListsEveryKeyAndExplainsOne) {
   const Result typo = run("config train.epoch");
   EXPECT_EQ(typo.code, 2) << typo.out;
   EXPECT_NE(typo.out.find("did you mean 'train.epochs'"), std::string::npos) << typo.out;
+}
+
+// `replica predict` on Fashion-MNIST's own test images written as PNG files agrees with `replica
+// eval` on the same 200 images image by image: the same correct count and the same mean loss
+// (-log of each image's probability of its label, summed over every image); a file that is not an
+// image is named and skipped, or with --strict an error; a model of another width is the clear
+// error eval gives.
+TEST(Cli, PredictAgreesWithEvalImageByImage) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
+  const std::string dir = ::testing::TempDir() + "/cli_predict", images = dir + "/png";
+  std::filesystem::remove_all(dir);
+  auto r = run("train --devices cpu:1 --run-dir " + dir +
+               " --set model.width=8 --set data.limit_train=2048 --set train.global_batch=64 --set train.max_steps=20"
+               " --set train.eval=false");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto e = run("eval --devices cpu:1 --set model.width=8 --set data.limit_test=200 --model " + dir + "/model.bin");
+  ASSERT_EQ(e.code, 0) << e.out;
+  std::smatch em;
+  ASSERT_TRUE(std::regex_search(e.out, em, std::regex("test loss ([0-9.]+) accuracy ([0-9.]+)%"))) << e.out;
+  auto p = run("pack --idx /usr/share/datasets/fashion-mnist " + images + " --png --limit 200");
+  ASSERT_EQ(p.code, 0) << p.out;
+  auto pr = run("predict " + dir + "/model.bin " + images + "/val --json --top 10");
+  ASSERT_EQ(pr.code, 0) << pr.out;
+  int n = 0, correct = 0;
+  double loss = 0;
+  std::istringstream lines(pr.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const auto j = replica::Json::parse(line);
+    const std::string file = j["file"];
+    const int label = std::stoi(std::filesystem::path(file).parent_path().filename().string());  // val/<label>/<i>.png
+    ASSERT_EQ(j["top"].size(), 10u) << line;
+    correct += j["top"][0]["index"].get<int>() == label;
+    for (const auto& t : j["top"])
+      if (t["index"].get<int>() == label) loss -= std::log(t["probability"].get<double>());
+    ++n;
+  }
+  ASSERT_EQ(n, 200) << pr.out;
+  char acc[32];
+  std::snprintf(acc, sizeof acc, "%.2f", 100.0 * correct / n);
+  EXPECT_EQ(std::string(acc), em[2].str()) << "predict's top-1 on the PNG files vs eval's accuracy";
+  EXPECT_NEAR(loss / n, std::stod(em[1].str()), 2e-3) << "the mean of -log p(label) vs eval's test loss";
+  // The table names the classes; a file that is not an image is skipped and named.
+  std::ofstream(images + "/val/notes.txt") << "not an image";
+  const std::string one = std::filesystem::directory_iterator(images + "/val/0")->path().string();
+  auto t = run("predict " + dir + "/model.bin " + one + " " + images + "/val/notes.txt --top 3");
+  EXPECT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find(one + "  "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("skipping " + images + "/val/notes.txt"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("1 image(s) predicted, 1 skipped"), std::string::npos) << t.out;
+  auto s = run("predict --strict " + dir + "/model.bin " + images + "/val/notes.txt");
+  EXPECT_EQ(s.code, 1) << s.out;
+  EXPECT_NE(s.out.find("notes.txt: not a JPEG or PNG image"), std::string::npos) << s.out;
+  auto w = run("predict --set model.width=16 " + dir + "/model.bin " + one);
+  EXPECT_EQ(w.code, 1) << w.out;
+  EXPECT_NE(w.out.find("does not match"), std::string::npos) << w.out;
 }
