@@ -7,25 +7,11 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "data/keyed_random.h"
 
 namespace replica::data {
 
 namespace {
-
-uint64_t mix64(uint64_t x) {  // splitmix64's finaliser, as the loader's draws use
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-struct Draws {  // a counter-based stream of draws from one key
-  uint64_t state;
-  explicit Draws(uint64_t key) : state(mix64(key ^ 0x6175676dull)) {}
-  uint64_t next() { return state = mix64(state); }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
-  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
-};
 
 uint8_t to_u8_trunc(float v) { return static_cast<uint8_t>(std::clamp(v, 0.f, 255.f)); }  // torch's .to(uint8) after clamp
 
@@ -328,20 +314,21 @@ void apply_policy(const PolicyOptions& o, uint64_t key, float* hwc, int64_t H, i
   Image8 img{H, W, C, std::vector<uint8_t>(static_cast<size_t>(H * W * C))};
   for (size_t i = 0; i < img.px.size(); ++i)
     img.px[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(hwc[i] * 255.f), 0.f, 255.f));
-  Draws r(key);
-  auto signed_mag = [&](const OpSpace& s, float mag) { return s.signed_ && r.below(2) ? -mag : mag; };
+  KeyedRandom r(KeyedRandom::hash(key ^ 0x6175676dull));
+  auto below = [&](int n) { return static_cast<int>(r.integer(0, n - 1)); };
+  auto signed_mag = [&](const OpSpace& s, float mag) { return s.signed_ && below(2) ? -mag : mag; };
   if (o.policy == AugmentPolicy::randaugment || o.policy == AugmentPolicy::trivialaugment) {
     const bool wide = o.policy == AugmentPolicy::trivialaugment;
     const auto space = rand_space(wide, H, W);
     const int rounds = wide ? 1 : o.randaugment_ops;
     for (int k = 0; k < rounds; ++k) {
-      const OpSpace& s = space[r.below(static_cast<int>(space.size()))];
-      const int bin = wide ? r.below(31) : o.randaugment_magnitude;
+      const OpSpace& s = space[below(static_cast<int>(space.size()))];
+      const int bin = wide ? below(31) : o.randaugment_magnitude;
       apply_aug_op(img, s.op, signed_mag(s, magnitude_of(s, 31, bin)));
     }
   } else {  // autoaugment, ImageNet policy
-    const auto& pair = kImageNet[r.below(25)];
-    const double p0 = r.uniform(), p1 = r.uniform();
+    const auto& pair = kImageNet[below(25)];
+    const double p0 = r.uniform(0, 1), p1 = r.uniform(0, 1);
     for (int k = 0; k < 2; ++k) {
       if ((k == 0 ? p0 : p1) > pair[k].p) continue;
       const OpSpace s = auto_space(pair[k].op, H, W);
@@ -353,15 +340,15 @@ void apply_policy(const PolicyOptions& o, uint64_t key, float* hwc, int64_t H, i
 
 void random_erase(const PolicyOptions& o, uint64_t key, float* hwc, int64_t H, int64_t W, int64_t C) {
   if (o.random_erase <= 0) return;
-  Draws r(key ^ 0x657261736500ull);
-  if (r.uniform() >= o.random_erase) return;
+  KeyedRandom r(KeyedRandom::hash(key ^ 0x657261736500ull));
+  if (r.uniform(0, 1) >= o.random_erase) return;
   const double area = static_cast<double>(H * W), lr0 = std::log(0.3), lr1 = std::log(3.3);
   for (int attempt = 0; attempt < 10; ++attempt) {
-    const double erase = area * (0.02 + (0.33 - 0.02) * r.uniform());
-    const double aspect = std::exp(lr0 + (lr1 - lr0) * r.uniform());
+    const double erase = area * r.uniform(0.02, 0.33);
+    const double aspect = std::exp(r.uniform(lr0, lr1));
     const int64_t h = std::llround(std::sqrt(erase * aspect)), w = std::llround(std::sqrt(erase / aspect));
     if (!(h < H && w < W)) continue;
-    const int64_t y0 = r.below(static_cast<int>(H - h + 1)), x0 = r.below(static_cast<int>(W - w + 1));
+    const int64_t y0 = r.integer(0, H - h), x0 = r.integer(0, W - w);
     for (int64_t y = y0; y < y0 + h; ++y) std::fill(hwc + (y * W + x0) * C, hwc + (y * W + x0 + w) * C, 0.f);
     return;
   }

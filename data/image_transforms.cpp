@@ -7,15 +7,6 @@
 
 namespace replica::data {
 
-uint64_t KeyedRandom::next() {
-  uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-double KeyedRandom::uniform(double lo, double hi) { return lo + (hi - lo) * (next() >> 11) * (1.0 / 9007199254740992.0); }
-int64_t KeyedRandom::integer(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(next() % static_cast<uint64_t>(hi - lo + 1)); }
-
 CropBox random_resized_crop(int W, int H, const CropRecipe& r, KeyedRandom& rng) {
   const double area = static_cast<double>(W) * H;
   const double log_lo = std::log(r.ratio_lo), log_hi = std::log(r.ratio_hi);

@@ -4,6 +4,7 @@
 // filter widened by the downscale factor (PIL's antialiased bilinear, torchvision's default on
 // PIL images). Randomness comes from a key (seed, epoch, index), so a sample is reproducible.
 #pragma once
+#include "data/keyed_random.h"
 #include <cstdint>
 
 #include "data/image_codec.h"
@@ -15,17 +16,6 @@ struct CropBox {
   double x = 0, y = 0, w = 0, h = 0;
 };
 
-// Uniform doubles from a 64-bit key (SplitMix64): the same key, the same draws.
-class KeyedRandom {
- public:
-  explicit KeyedRandom(uint64_t key) : s_(key) {}
-  uint64_t next();
-  double uniform(double lo, double hi);  // [lo, hi)
-  int64_t integer(int64_t lo, int64_t hi);  // [lo, hi]
-
- private:
-  uint64_t s_;
-};
 
 struct CropRecipe {
   double scale_lo = 0.08, scale_hi = 1.0;     // of the image's area

@@ -4,17 +4,13 @@
 #include <chrono>
 
 #include "core/errors.h"
+#include "data/keyed_random.h"
 
 namespace replica::data {
 
 namespace {
 // splitmix64: a well-mixed 64-bit hash, so (seed, epoch, index) streams are independent.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t mix(uint64_t x) { return KeyedRandom::hash(x); }
 }  // namespace
 
 Sharding::Sharding(int64_t n, int64_t micro_batch, int accumulation, int world, uint64_t seed, bool shuffle)

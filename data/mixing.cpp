@@ -6,46 +6,34 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "data/keyed_random.h"
 
 namespace replica::data {
 
 namespace {
-uint64_t mix64(uint64_t x) {  // splitmix64's finaliser, as the loader's draws use
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t mix64(uint64_t x) { return KeyedRandom::hash(x); }
 
-// A counter-based stream of uniform doubles in (0, 1) from one key.
-struct Draws {
-  uint64_t state;
-  explicit Draws(uint64_t key) : state(mix64(key)) {}
-  double uniform() {
-    state = mix64(state);
-    return (static_cast<double>(state >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+// Gamma and Beta draws from a keyed stream (logs take 1 - u, in (0, 1]).
+double normal(KeyedRandom& r) {  // Box-Muller; one of the pair is enough here
+  const double u = 1.0 - r.uniform(0, 1), v = r.uniform(0, 1);
+  return std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v);
+}
+// Gamma(a, 1): Marsaglia and Tsang for a >= 1; a < 1 through Gamma(a + 1) U^(1/a).
+double gamma(KeyedRandom& r, double a) {
+  if (a < 1) return gamma(r, a + 1) * std::pow(1.0 - r.uniform(0, 1), 1.0 / a);
+  const double d = a - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
+  for (;;) {
+    double x, v;
+    do {
+      x = normal(r);
+      v = 1.0 + c * x;
+    } while (v <= 0);
+    v = v * v * v;
+    const double u = 1.0 - r.uniform(0, 1);
+    if (u < 1.0 - 0.0331 * x * x * x * x) return d * v;
+    if (std::log(u) < 0.5 * x * x + d * (1.0 - v + std::log(v))) return d * v;
   }
-  double normal() {  // Box-Muller; one of the pair is enough here
-    const double u = uniform(), v = uniform();
-    return std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v);
-  }
-  // Gamma(a, 1): Marsaglia and Tsang for a >= 1; a < 1 through Gamma(a + 1) U^(1/a).
-  double gamma(double a) {
-    if (a < 1) return gamma(a + 1) * std::pow(uniform(), 1.0 / a);
-    const double d = a - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
-    for (;;) {
-      double x, v;
-      do {
-        x = normal();
-        v = 1.0 + c * x;
-      } while (v <= 0);
-      v = v * v * v;
-      const double u = uniform();
-      if (u < 1.0 - 0.0331 * x * x * x * x) return d * v;
-      if (std::log(u) < 0.5 * x * x + d * (1.0 - v + std::log(v))) return d * v;
-    }
-  }
-};
+}
 
 int32_t quantize(double lambda) {
   return static_cast<int32_t>(std::lround(std::clamp(lambda, 0.0, 1.0) * kMixOne));
@@ -53,8 +41,8 @@ int32_t quantize(double lambda) {
 }  // namespace
 
 double beta_symmetric(double a, uint64_t key) {
-  Draws r(key);
-  const double x = r.gamma(a), y = r.gamma(a);
+  KeyedRandom r(mix64(key));
+  const double x = gamma(r, a), y = gamma(r, a);
   return x + y > 0 ? x / (x + y) : 0.5;
 }
 
@@ -63,9 +51,9 @@ MixDraw draw_mix(const MixOptions& o, uint64_t seed, int64_t epoch, int64_t firs
   if (!o.enabled() || (o.off_epoch > 0 && epoch >= o.off_epoch)) return d;
   const uint64_t key = mix64(mix64(seed ^ 0x6d697875ull) ^ mix64(static_cast<uint64_t>(epoch) * 0x9e37ull) ^
                              static_cast<uint64_t>(first_index));
-  Draws r(key);
-  if (r.uniform() >= o.prob) return d;
-  const bool cutmix = o.cutmix_alpha > 0 && (o.mixup_alpha <= 0 || r.uniform() < o.switch_prob);
+  KeyedRandom r(key);
+  if (r.uniform(0, 1) >= o.prob) return d;
+  const bool cutmix = o.cutmix_alpha > 0 && (o.mixup_alpha <= 0 || r.uniform(0, 1) < o.switch_prob);
   const double lambda = beta_symmetric(cutmix ? o.cutmix_alpha : o.mixup_alpha, mix64(key ^ 0xbe7aull));
   if (!cutmix) {
     d.kind = MixKind::mixup;
@@ -76,8 +64,7 @@ MixDraw draw_mix(const MixOptions& o, uint64_t seed, int64_t epoch, int64_t firs
   // lambda then follows the box that is left (timm's correct_lam, torchvision's CutMix).
   const double cut = std::sqrt(1.0 - lambda);
   const int64_t ch = static_cast<int64_t>(H * cut), cw = static_cast<int64_t>(W * cut);
-  const int64_t cy = std::min<int64_t>(H - 1, static_cast<int64_t>(r.uniform() * H));
-  const int64_t cx = std::min<int64_t>(W - 1, static_cast<int64_t>(r.uniform() * W));
+  const int64_t cy = r.integer(0, H - 1), cx = r.integer(0, W - 1);
   d.kind = MixKind::cutmix;
   d.y0 = std::clamp<int64_t>(cy - ch / 2, 0, H);
   d.y1 = std::clamp<int64_t>(cy + ch / 2, 0, H);
