@@ -33,6 +33,16 @@ struct Buffer {  // f32 scratch from the pool (tag workspace)
 
 int threads_for(int64_t N) { return std::min<int>(intra_op_threads(), static_cast<int>(N)); }
 
+// One scratch buffer of `floats` per thread (zeroed when asked).
+std::vector<std::unique_ptr<Buffer>> per_thread(MemoryPool& ws, int threads, int64_t floats, bool zero = false) {
+  std::vector<std::unique_ptr<Buffer>> out;
+  for (int t = 0; t < threads; ++t) {
+    out.push_back(std::make_unique<Buffer>(ws, floats));
+    if (zero) std::memset(out.back()->p, 0, static_cast<size_t>(floats) * sizeof(float));
+  }
+  return out;
+}
+
 // Output pixel (p, q)'s window rows and columns that fall inside the image.
 struct Window {
   int64_t r0, r1, s0, s1, h0, w0;
@@ -84,8 +94,7 @@ void forward_f32(const float* x, const float* w, float* y, const ConvGeom& g, Me
   Buffer wt(ws, g.R * g.S * CK);
   relay_filter(w, wt.p, g);
   const int T = threads_for(g.N);
-  std::vector<std::unique_ptr<Buffer>> xe;
-  for (int t = 0; t < T; ++t) xe.push_back(std::make_unique<Buffer>(ws, g.H * g.W * CK));
+  const auto xe = per_thread(ws, T, g.H * g.W * CK);
   parallel_for(g.N, T, [&](int64_t n, int t) {
     float* e = xe[t]->p;
     expand(x + n * g.H * g.W * g.C, e, g);
@@ -126,8 +135,7 @@ void backward_data_f32(const float* dy, const float* w, float* dx, const ConvGeo
   Buffer wt(ws, g.R * g.S * CK);
   relay_filter(w, wt.p, g);
   const int T = threads_for(g.N);
-  std::vector<std::unique_ptr<Buffer>> dxe;
-  for (int t = 0; t < T; ++t) dxe.push_back(std::make_unique<Buffer>(ws, g.H * g.W * CK));
+  const auto dxe = per_thread(ws, T, g.H * g.W * CK);
   parallel_for(g.N, T, [&](int64_t n, int t) {
     float* e = dxe[t]->p;
     std::fill(e, e + g.H * g.W * CK, 0.f);
@@ -159,12 +167,7 @@ void backward_data_f32(const float* dy, const float* w, float* dx, const ConvGeo
 void backward_filter_f32(const float* x, const float* dy, float* dw, const ConvGeom& g, MemoryPool& ws) {
   const int64_t Cg = g.filter_channels(), CK = Cg * g.K, RSCK = g.R * g.S * CK;
   const int T = threads_for(g.N);
-  std::vector<std::unique_ptr<Buffer>> partial, xe;
-  for (int t = 0; t < T; ++t) {
-    partial.push_back(std::make_unique<Buffer>(ws, RSCK));
-    std::memset(partial.back()->p, 0, static_cast<size_t>(RSCK) * sizeof(float));
-    xe.push_back(std::make_unique<Buffer>(ws, g.H * g.W * CK));
-  }
+  const auto partial = per_thread(ws, T, RSCK, /*zero=*/true), xe = per_thread(ws, T, g.H * g.W * CK);
   parallel_for(g.N, T, [&](int64_t n, int t) {
     float* e = xe[t]->p;
     expand(x + n * g.H * g.W * g.C, e, g);

@@ -6,13 +6,17 @@ uint8 image of 3 channels (23 x 29) and of 1 channel (17 x 12), and torchvision'
 
 Run: /usr/bin/python3 tests/reference/make_augment_fixtures.py  (Debian's python3-torch and
 python3-torchvision 0.14.1)
-Format: tests/reference/make_reference.py's (b"RPLG0001", then named f32 tensors).
+Format: tests/reference/make_reference.py's (tests/reference/fixture_io.py).
 """
 import math, os, struct
 import numpy as np
 import torch
 import torchvision
 from torchvision.transforms import autoaugment as A, InterpolationMode
+
+import sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixture_io import write_fixture  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "augment_golden.bin")
 
@@ -51,13 +55,7 @@ def main():
         for op, (mags, signed) in space.items():
             if mags.ndim > 0:
                 out["bins_%s_%s" % (name, op)] = mags.to(torch.float32)
-    with open(OUT, "wb") as f:
-        f.write(b"RPLG0001"); f.write(struct.pack("<I", len(out)))
-        for name, t in out.items():
-            arr = np.ascontiguousarray(t.detach().numpy().astype(np.float32))
-            nb = name.encode(); f.write(struct.pack("<I", len(nb))); f.write(nb)
-            f.write(struct.pack("<I", arr.ndim)); f.write(struct.pack("<%dq" % arr.ndim, *arr.shape))
-            f.write(arr.tobytes())
+    write_fixture(OUT, out)
     print("wrote", OUT, "with", len(out), "tensors; torch", torch.__version__, "torchvision", torchvision.__version__)
 
 

@@ -6,12 +6,16 @@ output gradient dy (NHWC), autograd's input gradient dx (NHWC) and weight gradie
 float64 then stored as f32.
 
 Run: /usr/bin/python3 tests/reference/make_grouped_conv_fixtures.py  (Debian's python3-torch)
-Format: tests/reference/make_reference.py's (b"RPLG0001", then named f32 tensors).
+Format: tests/reference/make_reference.py's (tests/reference/fixture_io.py).
 """
 import os, struct
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+import sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixture_io import write_fixture  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "grouped_conv_golden.bin")
 # name: N, H, W, C, K, R, stride, pad, groups (the C++ test lists the same)
@@ -41,13 +45,7 @@ def main():
         out[name + "_dy"] = nhwc(dy)
         out[name + "_dx"] = nhwc(x.grad)
         out[name + "_dw"] = w.grad.detach().permute(0, 2, 3, 1).contiguous().to(torch.float32)
-    with open(OUT, "wb") as f:
-        f.write(b"RPLG0001"); f.write(struct.pack("<I", len(out)))
-        for n, t in out.items():
-            arr = np.ascontiguousarray(t.numpy().astype(np.float32))
-            nb = n.encode(); f.write(struct.pack("<I", len(nb))); f.write(nb)
-            f.write(struct.pack("<I", arr.ndim)); f.write(struct.pack("<%dq" % arr.ndim, *arr.shape))
-            f.write(arr.tobytes())
+    write_fixture(OUT, out)
     print("wrote", OUT, "with", len(out), "tensors; torch", torch.__version__)
 
 

@@ -16,12 +16,16 @@
   (lambda * a + (1 - lambda) * b) and by cutmix (a box exchanged).
 
 Run: /usr/bin/python3 tests/reference/make_recipe_fixtures.py  (Debian's python3-torch)
-Format: tests/reference/make_reference.py's (b"RPLG0001", then named f32 tensors).
+Format: tests/reference/make_reference.py's (tests/reference/fixture_io.py).
 """
 import os, struct
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+import sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixture_io import write_fixture  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "recipes_golden.bin")
 
@@ -109,13 +113,7 @@ def main():
     ca[1:4, 2:5, :] = b[1:4, 2:5, :]
     cb[1:4, 2:5, :] = a[1:4, 2:5, :]
     out["cutmix_a"], out["cutmix_b"] = ca, cb
-    with open(OUT, "wb") as f:
-        f.write(b"RPLG0001"); f.write(struct.pack("<I", len(out)))
-        for name, t in out.items():
-            arr = np.ascontiguousarray(t.detach().numpy().astype(np.float32))
-            nb = name.encode(); f.write(struct.pack("<I", len(nb))); f.write(nb)
-            f.write(struct.pack("<I", arr.ndim)); f.write(struct.pack("<%dq" % arr.ndim, *arr.shape))
-            f.write(arr.tobytes())
+    write_fixture(OUT, out)
     print("wrote", OUT, "with", ", ".join(out))
     print("torch", torch.__version__, "poly p2 warm-up:", [round(x, 5) for x in out["poly_p2_warmup5"].tolist()])
 
