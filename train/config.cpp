@@ -1,6 +1,9 @@
 // Config parsing: a table of known keys per section, each with a typed setter and its checks.
 #include "train/config.h"
 
+#include <charconv>
+#include <type_traits>
+
 #include <filesystem>
 
 #include <yaml-cpp/yaml.h>
@@ -127,17 +130,32 @@ struct Key {
 using Section = std::vector<Key>;
 
 // Builders for the common kinds; a key with its own syntax spells both directions out.
+// A number as a person writes it: the shortest text that reads back as the same value (0.1, not
+// yaml-cpp's 0.10000000000000001), so config.yaml and `replica config` read naturally and still
+// round-trip exactly.
+template <typename T>
+void emit(YAML::Emitter& e, const T& v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    e << std::string(buf, r.ptr);
+  } else {
+    e << v;
+  }
+}
 template <typename T>
 Getter value_of(const T& v) {
   return [&v](YAML::Emitter& e) {
-    e << v;
+    emit(e, v);
     return true;
   };
 }
 template <typename T>
 Getter list_of(const std::vector<T>& v) {
   return [&v](YAML::Emitter& e) {
-    e << YAML::Flow << v;
+    e << YAML::Flow << YAML::BeginSeq;
+    for (const T& x : v) emit(e, x);
+    e << YAML::EndSeq;
     return true;
   };
 }

@@ -194,7 +194,12 @@ std::string MemPlan::report() const {
                   format_bytes(static_cast<size_t>(capacity - peak_bytes)).c_str());
     os << s;
   } else {
-    os << "verdict: does NOT fit: " << format_bytes(static_cast<size_t>(peak_bytes - capacity)) << " over\n";
+    // What fits is judged on in-use plus a growing pool's regions (fits above): say which is over.
+    const double need = peak_bytes + overhead_bytes;
+    os << "verdict: does NOT fit: " << format_bytes(static_cast<size_t>(need - static_cast<double>(capacity))) << " over";
+    if (overhead_bytes > 0 && peak_bytes <= static_cast<double>(capacity))
+      os << " (in use fits; the growth pool's doubling regions do not: memory.mode: preallocate, or a larger pool)";
+    os << "\n";
   }
   os << "largest micro-batch that fits: " << max_micro_batch;
   if (best_micro_batch)
