@@ -367,7 +367,8 @@ TEST(Resume, WithTheMovingAverageAndTheRecipesIsByteIdentical) {
       for (const char* k : {"checkpoint.every_epochs=1", "train.ema_decay=0.9", "train.ema_every=2",
                             "train.ema_warmup_epochs=0.375", "train.label_smoothing=0.1", "optim.schedule=poly",
                             "optim.warmup_epochs=0.5", "train.precision=bf16", "data.mixup_alpha=0.4",
-                            "data.cutmix_alpha=1", "data.mix_prob=0.8"})
+                            "data.cutmix_alpha=1", "data.mix_prob=0.8", "data.augment=trivialaugment",
+                            "data.random_erase=0.25"})
         s.push_back(k);
       s.push_back("parallel.shard=" + shard);
       return s;
